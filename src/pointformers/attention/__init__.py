@@ -1,0 +1,16 @@
+"""Token mixers under one contract: ``y = attn(x, pos=None, mask=None)``, built by name.
+
+>>> import pointformers
+>>> attn = pointformers.attention.build("hept", dim=24, heads=8, coord_dim=2)
+>>> pointformers.attention.available()   # doctest: +SKIP
+"""
+from .base import TokenMixer, check_attention_inputs
+from .registry import available, build, register
+from . import full, kernel, hept  # noqa: F401  (registration side effects)
+from .full import FullAttention
+from .kernel import KernelAttention
+from .hept import HEPTAttention
+from .hept_regions import HEPTContext, HEPTRegions
+
+__all__ = ["available", "build", "register", "TokenMixer", "check_attention_inputs", "FullAttention",
+           "KernelAttention", "HEPTAttention", "HEPTContext", "HEPTRegions"]

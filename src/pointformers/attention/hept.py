@@ -1,0 +1,119 @@
+"""HEPT: LSH-based efficient point transformer attention (Miao et al., ICML 2024).
+
+Per head, the augmented vectors q̂ = [q̃ ‖ √(2ω)ρ], k̂ = [k̃ ‖ √(2ω)ρ] are hashed with a frozen
+E2LSH projection without bucketisation (L = a·q̂, one per OR table). Each table's sort key is
+T = L + Δ·c where c is the coordinate region code (the extra AND codes, see
+:mod:`.hept_regions`) and Δ = max − min of L over the cloud's queries and keys. Queries and
+keys are sorted separately by T, cut into blocks of ``block_size``, and each query block
+attends to its key block with the RBF kernel; numerators and denominators are summed over
+tables (:mod:`.block_attention`).
+
+Randomness: the E2LSH projections ``alpha`` (H, d + c, T) and the region counts are drawn
+once at init (seedable through ``generator`` or the global seed) and frozen; they are saved
+in the state_dict. Nothing is resampled per forward, so train and eval hash identically.
+Batching: each cloud is sorted within its own row, padded keys have kernel value 0, and each
+cloud's regions are sized by its own point count, so no attention crosses clouds and a
+cloud's output does not depend on its batch.
+"""
+from __future__ import annotations
+
+import torch
+
+from .block_attention import DEFAULT_CHUNK_ELEMS, sorted_block_rbf_attention
+from .hept_regions import HEPTContext, HEPTRegions
+from .kernel import KernelAttention
+from .registry import register
+
+
+def masked_range(lq: torch.Tensor, lk: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Δ = max − min of the base hashes over real queries ∪ keys. (B, T, H, Np) ×2 -> (B, T, H, 1)."""
+    m = mask[:, None, None, :]
+    hi = torch.maximum(lq.masked_fill(~m, float("-inf")).amax(-1), lk.masked_fill(~m, float("-inf")).amax(-1))
+    lo = torch.minimum(lq.masked_fill(~m, float("inf")).amin(-1), lk.masked_fill(~m, float("inf")).amin(-1))
+    return (hi - lo).unsqueeze(-1)
+
+
+@register("hept")
+class HEPTAttention(KernelAttention):
+    """HEPT attention (OR & AND E2LSH with coordinate AND codes, block attention).
+
+    Args:
+        dim: model width D.
+        heads: H (paper: 8).
+        head_dim: per-head width d (default D; paper: 24 with D = 24).
+        coord_dim: kernel coordinates c in ``pos``; columns 0, 1 must be η and φ (the region
+            hash axes). Tracking uses c = 6, pile-up c = 4.
+        block_size: b (paper: 100).
+        n_hashes: OR tables m₁ (paper: 3).
+        num_regions: G, regions per table (paper: 150 for Tracking-60k).
+        own_regions: if False the module expects a shared :class:`HEPTContext` from its model
+            (the model owns one :class:`HEPTRegions` for all layers, as the authors' code).
+        chunk_elems: score entries per fused chunk (speed/memory knob, not semantics).
+        generator: optional torch.Generator for the frozen random draws.
+    Shapes: x (B, N, D), pos (B, N, c), mask (B, N) -> (B, N, D).
+    """
+
+    def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, coord_dim: int = 2,
+                 block_size: int = 100, n_hashes: int = 3, num_regions: float = 150,
+                 tie_first_two: bool = True, omega_init: float = 10.0, own_regions: bool = True,
+                 chunk_elems: int = DEFAULT_CHUNK_ELEMS, generator: torch.Generator | None = None):
+        if coord_dim < 2:
+            raise ValueError(f"coord_dim must be >= 2 (η and φ drive HEPT's region hashing), got {coord_dim}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        if not isinstance(n_hashes, int) or n_hashes < 1:
+            raise ValueError(f"n_hashes must be a positive int, got {n_hashes!r}")
+        super().__init__(dim, heads, head_dim, coord_dim, tie_first_two, omega_init)
+        self.block_size = block_size
+        self.n_hashes = n_hashes
+        self.chunk_elems = chunk_elems
+        alpha = torch.randn(heads, self.head_dim + coord_dim, n_hashes, generator=generator)
+        self.register_buffer("alpha", alpha)
+        self.region_hash = HEPTRegions(num_regions, n_hashes, heads, block_size, generator) if own_regions else None
+
+    def prepare(self, pos: torch.Tensor, mask: torch.Tensor | None = None) -> HEPTContext:
+        """Region codes and padding layout for ``pos`` (B, N, c); share the result across layers."""
+        if self.region_hash is None:
+            raise ValueError("this HEPTAttention has own_regions=False: pass context= from its model")
+        if mask is None:
+            mask = torch.ones(pos.shape[:2], dtype=torch.bool, device=pos.device)
+        return self.region_hash(pos, mask)
+
+    def sort_permutations(self, q: torch.Tensor, k: torch.Tensor, ctx: HEPTContext):
+        """Per-table sort orders of queries and keys. q, k (B, H, Np, d+c) -> 2 × (B·H, T, Np)."""
+        with torch.no_grad():
+            alpha = self.alpha.to(q.dtype)
+            lq = torch.einsum("bhnd,hdt->bthn", q, alpha)
+            lk = torch.einsum("bhnd,hdt->bthn", k, alpha)
+            delta = masked_range(lq, lk, ctx.mask)
+            offset = ctx.codes.to(q.dtype) * delta
+            pad = ~ctx.mask[:, None, None, :]
+            tq = (lq + offset).masked_fill_(pad, float("inf"))
+            tk = (lk + offset).masked_fill_(pad, float("inf"))
+            B, T, H, Np = tq.shape
+            pq = torch.argsort(tq, dim=-1, stable=True).transpose(1, 2).reshape(B * H, T, Np)
+            pk = torch.argsort(tk, dim=-1, stable=True).transpose(1, 2).reshape(B * H, T, Np)
+        return pq, pk
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                context: HEPTContext | None = None, **unused) -> torch.Tensor:
+        mask = self.check(x, pos, mask, "hept")
+        ctx = context if context is not None else self.prepare(pos, mask)
+        B, N, _ = x.shape
+        if ctx.n_points != N or ctx.mask.shape[0] != B or ctx.codes.shape[1:3] != (self.n_hashes, self.heads):
+            raise ValueError(f"context was prepared for {tuple(ctx.mask.shape[:1])} clouds × {ctx.n_points} points, "
+                             f"{tuple(ctx.codes.shape[1:3])} (tables, heads); got x {tuple(x.shape)} and "
+                             f"({self.n_hashes}, {self.heads})")
+        Np = ctx.n_padded
+        if Np != N:
+            x = torch.cat([x, x.new_zeros(B, Np - N, x.shape[-1])], 1)
+            pos = torch.cat([pos, pos.new_zeros(B, Np - N, pos.shape[-1])], 1)
+        q, k, v = self.augmented_qkv(x, pos, ctx.mask)
+        pq, pk = self.sort_permutations(q, k, ctx)
+        H, D = self.heads, q.shape[-1]
+        key_valid = ctx.mask[:, None, :].expand(B, H, Np).reshape(B * H, Np)
+        o = sorted_block_rbf_attention(q.reshape(B * H, Np, D), k.reshape(B * H, Np, D),
+                                       v.reshape(B * H, Np, self.head_dim), key_valid, pq, pk,
+                                       self.block_size, self.chunk_elems)
+        y = self.merge_heads(o.view(B, H, Np, self.head_dim), ctx.mask)
+        return y[:, :N]

@@ -1,0 +1,100 @@
+"""Dense HEPT kernel attention: the exact target that HEPT approximates.
+
+k(q_u, k_v) = exp(−½‖q̂_u − k̂_v‖²) with q̂ = [q̃ ‖ √(2ω)ρ], k̂ = [k̃ ‖ √(2ω)ρ]
+(HEPT paper §4.1), row-normalised: y_u = Σ_v k(q_u, k_v) v_v / (Σ_v k(q_u, k_v) + ε).
+There is no 1/√d temperature and no softmax log-sum-exp, as in the paper and its code.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import TokenMixer, check_attention_inputs
+from .registry import register
+
+#: The per-table denominator guard of the authors' code.
+DENOM_EPS = 1e-20
+
+
+def rbf_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """−½‖q − k‖² for all pairs, clamped at 0 as the authors' code does. (…, n, D), (…, m, D) -> (…, n, m)."""
+    qk = q @ k.transpose(-1, -2)
+    return (qk - 0.5 * q.pow(2).sum(-1, keepdim=True) - 0.5 * k.pow(2).sum(-1).unsqueeze(-2)).clamp_max(0.0)
+
+
+@register("kernel")
+class KernelAttention(TokenMixer):
+    """Dense (quadratic) row-normalised RBF attention on coordinate-augmented queries and keys.
+
+    Args:
+        dim: model width D.
+        heads: heads H.
+        head_dim: per-head width d (default D, as in HEPT where 8 heads × 24 act on width 24).
+        coord_dim: number c of kernel coordinates in ``pos`` (B, N, c).
+        tie_first_two: η and φ (columns 0, 1) share one ω, as in the authors' code
+            ("they are used to calc dR").
+        omega_init: initial ω (≈ 10 under the authors' parameterisation at default init).
+    ω is positive, per head and per coordinate: ω = exp(θ), θ ∈ ℝ^{H × c'} learnable.
+    Shapes: x (B, N, D), pos (B, N, c), mask (B, N) -> (B, N, D).
+    """
+
+    def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, coord_dim: int = 2,
+                 tie_first_two: bool = True, omega_init: float = 10.0):
+        super().__init__(dim, heads)
+        if not isinstance(coord_dim, int) or coord_dim < 1:
+            raise ValueError(f"coord_dim must be a positive int, got {coord_dim!r}")
+        if omega_init <= 0:
+            raise ValueError(f"omega_init must be > 0, got {omega_init}")
+        self.head_dim = head_dim or dim
+        self.coord_dim = coord_dim
+        self.tie_first_two = bool(tie_first_two and coord_dim >= 2)
+        inner = heads * self.head_dim
+        self.w_q = nn.Linear(dim, inner, bias=False)
+        self.w_k = nn.Linear(dim, inner, bias=False)
+        self.w_v = nn.Linear(dim, inner, bias=False)
+        self.out_linear = nn.Linear(inner, dim)
+        n_omega = coord_dim - 1 if self.tie_first_two else coord_dim
+        self.log_omega = nn.Parameter(torch.full((heads, n_omega), math.log(omega_init)))
+
+    def omega(self) -> torch.Tensor:
+        """Positive ω per head and coordinate, (H, c)."""
+        w = self.log_omega.exp()
+        if self.tie_first_two:
+            w = torch.cat([w[:, :1], w], dim=1)
+        return w
+
+    def augmented_qkv(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor):
+        """q̂, k̂ (B, H, N, d + c) and v (B, H, N, d), zero at padded points."""
+        B, N, _ = x.shape
+        H, d = self.heads, self.head_dim
+        q = self.w_q(x).view(B, N, H, d)
+        k = self.w_k(x).view(B, N, H, d)
+        v = self.w_v(x).view(B, N, H, d)
+        rho = (2.0 * self.omega()).sqrt().to(x.dtype) * pos.to(x.dtype).unsqueeze(2)  # (B, N, H, c)
+        keep = mask[:, :, None, None]
+        q = torch.cat([q, rho], -1).masked_fill(~keep, 0.0).transpose(1, 2)
+        k = torch.cat([k, rho], -1).masked_fill(~keep, 0.0).transpose(1, 2)
+        v = v.masked_fill(~keep, 0.0).transpose(1, 2)
+        return q, k, v
+
+    def merge_heads(self, o: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, H, N, d) -> out_linear of the h-major concatenation, (B, N, D), padded rows zero."""
+        B, H, N, d = o.shape
+        return self.zero_padding(self.out_linear(o.transpose(1, 2).reshape(B, N, H * d)), mask)
+
+    def check(self, x, pos, mask, who: str):
+        return check_attention_inputs(x, pos, mask, dim=self.dim, pos_dim=self.coord_dim,
+                                      requires_pos=True, who=who)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                query_chunk: int = 1024, **unused) -> torch.Tensor:
+        mask = self.check(x, pos, mask, "kernel")
+        q, k, v = self.augmented_qkv(x, pos, mask)
+        key_ok = mask[:, None, None, :]
+        outs = []
+        for s in range(0, q.shape[2], query_chunk):  # chunk queries: memory O(chunk · N)
+            a = rbf_logits(q[:, :, s:s + query_chunk], k).exp().masked_fill(~key_ok, 0.0)
+            outs.append((a @ v) / (a.sum(-1, keepdim=True) + DENOM_EPS))
+        return self.merge_heads(torch.cat(outs, 2), mask)

@@ -1,0 +1,75 @@
+"""HEPT's point-transformer skeleton: encoder → pre-LN blocks → jumping-knowledge head.
+
+The skeleton takes any registered attention mechanism, so HEPT and its baselines are
+compared on the same architecture (as the paper does).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention import HEPTAttention, HEPTRegions, build as build_attention, check_attention_inputs
+from ..nn import MLP, PreLNBlock
+
+
+class PointTransformerJK(nn.Module):
+    """Per-point embeddings from features and kernel coordinates (HEPT paper App. C.1, authors' code).
+
+    Layers: feat_encoder Linear(in_dim, D) → ReLU → Linear(D, D) = h₀; ``n_layers`` pre-LN blocks
+    h₁..h_L; jumping knowledge e = W[h₀ ‖ … ‖ h_L] (no bias); output e + Drop(MLP(e)) with a
+    ``mlp_layers``-layer, ``mlp_hidden``-wide LayerNorm/tanh MLP.
+
+    Args:
+        in_dim: input features F. coord_dim: kernel coordinates c (η, φ first for HEPT).
+        dim: width D; heads, head_dim: attention heads and per-head width.
+        n_layers: blocks; out_dim: embedding size; dropout: residual/head dropout.
+        attention: registry key of the token mixer; attention_options: its extra options.
+        block_size, n_hashes, num_regions: HEPT options (used when ``attention == "hept"``).
+    Shapes: forward(x (B, N, F), coords (B, N, c), mask (B, N) | None) -> (B, N, out_dim).
+    """
+
+    def __init__(self, in_dim: int, coord_dim: int, dim: int = 24, heads: int = 8, head_dim: int | None = 24,
+                 n_layers: int = 4, out_dim: int = 12, mlp_hidden: int = 256, mlp_layers: int = 5,
+                 dropout: float = 0.1, attention: str = "hept", block_size: int = 100, n_hashes: int = 3,
+                 num_regions: float = 150, attention_options: dict | None = None):
+        super().__init__()
+        self.in_dim, self.coord_dim, self.dim = in_dim, coord_dim, dim
+        self.attention = attention
+        opts = dict(attention_options or {})
+        if attention == "hept":
+            self.region_hash = HEPTRegions(num_regions, n_hashes, heads, block_size)
+            opts.update(block_size=block_size, n_hashes=n_hashes, num_regions=num_regions, own_regions=False,
+                        head_dim=head_dim, coord_dim=coord_dim)
+        elif attention == "kernel":
+            opts.update(head_dim=head_dim, coord_dim=coord_dim)
+        elif attention == "full":
+            opts.setdefault("head_dim", head_dim)
+        self.feat_encoder = nn.Sequential(nn.Linear(in_dim, dim), nn.ReLU(), nn.Linear(dim, dim))
+        self.blocks = nn.ModuleList(
+            PreLNBlock(dim, build_attention(attention, dim=dim, heads=heads, **opts), dim, dropout)
+            for _ in range(n_layers))
+        self.W = nn.Linear(dim * (n_layers + 1), out_dim, bias=False)
+        self.mlp_out = MLP([out_dim] + [mlp_hidden] * (mlp_layers - 1) + [out_dim])
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if x.dim() == 2:  # a single cloud (N, F)
+            return self.forward(x[None], coords[None], None if mask is None else mask[None])[0]
+        if x.dim() != 3 or x.shape[-1] != self.in_dim:
+            raise ValueError(f"x: expected (B, N, {self.in_dim}) features, got shape {tuple(x.shape)}"
+                             + (" — the feature count does not match this model (e.g. a loaded checkpoint)"
+                                if x.dim() == 3 else ""))
+        if coords is None or coords.dim() != 3 or coords.shape[-1] != self.coord_dim:
+            raise ValueError(f"coords: expected (B, N, {self.coord_dim}) kernel coordinates "
+                             f"(η and φ in columns 0 and 1), got "
+                             f"{None if coords is None else tuple(coords.shape)}")
+        mask = check_attention_inputs(x, coords, mask, dim=self.in_dim, pos_dim=self.coord_dim,
+                                      requires_pos=True, who=type(self).__name__)
+        kw = {"context": self.region_hash(coords, mask)} if self.attention == "hept" else {}
+        h = self.feat_encoder(x) * mask.unsqueeze(-1)
+        hs = [h]
+        for block in self.blocks:
+            h = block(h, coords, mask, **kw)
+            hs.append(h)
+        e = self.W(torch.cat(hs, -1))
+        return (e + self.dropout(self.mlp_out(e))) * mask.unsqueeze(-1)
