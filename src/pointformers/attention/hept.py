@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .block_attention import DEFAULT_CHUNK_ELEMS, sorted_block_rbf_attention
+from .block_attention import DEFAULT_CHUNK_ELEMS, sorted_block_attention
 from .hept_regions import HEPTContext, HEPTRegions
 from .kernel import KernelAttention
 from .registry import register
@@ -79,21 +79,45 @@ class HEPTAttention(KernelAttention):
             mask = torch.ones(pos.shape[:2], dtype=torch.bool, device=pos.device)
         return self.region_hash(pos, mask)
 
-    def sort_permutations(self, q: torch.Tensor, k: torch.Tensor, ctx: HEPTContext):
-        """Per-table sort orders of queries and keys. q, k (B, H, Np, d+c) -> 2 × (B·H, T, Np)."""
+    def augmented_rows(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor):
+        """Rows for :func:`sorted_block_attention`, laid out (B, Np, H, ·) so no transposes are needed.
+
+        Returns q' = [q̂, −½‖q̂‖², 1], k' = [k̂, 1, −½‖k̂‖²] (B, Np, H, d+c+2) and
+        v' = [v, 1] (B, Np, H, d+1), all zero at padded points (so padded keys add nothing).
+        """
+        B, Np, _ = x.shape
+        H, d = self.heads, self.head_dim
+        keep = mask[:, :, None, None].to(x.dtype)
+        rho = (2.0 * self.omega()).sqrt().to(x.dtype) * pos.to(x.dtype).unsqueeze(2)  # (B, Np, H, c)
+        one = keep.expand(B, Np, H, 1)
+        q = self.w_q(x).view(B, Np, H, d)
+        k = self.w_k(x).view(B, Np, H, d)
+        v = self.w_v(x).view(B, Np, H, d)
+        rho_n = -0.5 * rho.pow(2).sum(-1, keepdim=True)
+        qa = torch.cat([q, rho, rho_n - 0.5 * q.pow(2).sum(-1, keepdim=True), one], -1) * keep
+        ka = torch.cat([k, rho, one, rho_n - 0.5 * k.pow(2).sum(-1, keepdim=True)], -1) * keep
+        va = torch.cat([v, one], -1) * keep
+        return qa, ka, va
+
+    def sort_indices(self, qa: torch.Tensor, ka: torch.Tensor, ctx: HEPTContext):
+        """Per-table sort orders as row numbers into the (B·Np·H) rows. qa, ka (B, Np, H, d+c+2) -> 2 × (B·H, T, Np)."""
+        D = self.head_dim + self.coord_dim
         with torch.no_grad():
-            alpha = self.alpha.to(q.dtype)
-            lq = torch.einsum("bhnd,hdt->bthn", q, alpha)
-            lk = torch.einsum("bhnd,hdt->bthn", k, alpha)
+            alpha = self.alpha.to(qa.dtype)
+            lq = torch.einsum("bnhd,hdt->bthn", qa[..., :D], alpha)  # E2LSH base hash of q̂, k̂
+            lk = torch.einsum("bnhd,hdt->bthn", ka[..., :D], alpha)
             delta = masked_range(lq, lk, ctx.mask)
-            offset = ctx.codes.to(q.dtype) * delta
+            offset = ctx.codes.to(qa.dtype) * delta
             pad = ~ctx.mask[:, None, None, :]
             tq = (lq + offset).masked_fill_(pad, float("inf"))
             tk = (lk + offset).masked_fill_(pad, float("inf"))
             B, T, H, Np = tq.shape
-            pq = torch.argsort(tq, dim=-1, stable=True).transpose(1, 2).reshape(B * H, T, Np)
-            pk = torch.argsort(tk, dim=-1, stable=True).transpose(1, 2).reshape(B * H, T, Np)
-        return pq, pk
+            # row of (cloud b, point i, head h) in the (B, Np, H) layout: (b·Np + i)·H + h
+            base = (torch.arange(B, device=qa.device).view(B, 1, 1, 1) * (Np * H)
+                    + torch.arange(H, device=qa.device).view(1, 1, H, 1))
+            iq = torch.argsort(tq, dim=-1, stable=True).mul_(H).add_(base)
+            ik = torch.argsort(tk, dim=-1, stable=True).mul_(H).add_(base)
+        return iq.transpose(1, 2).reshape(B * H, T, Np), ik.transpose(1, 2).reshape(B * H, T, Np)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 context: HEPTContext | None = None, **unused) -> torch.Tensor:
@@ -108,12 +132,10 @@ class HEPTAttention(KernelAttention):
         if Np != N:
             x = torch.cat([x, x.new_zeros(B, Np - N, x.shape[-1])], 1)
             pos = torch.cat([pos, pos.new_zeros(B, Np - N, pos.shape[-1])], 1)
-        q, k, v = self.augmented_qkv(x, pos, ctx.mask)
-        pq, pk = self.sort_permutations(q, k, ctx)
-        H, D = self.heads, q.shape[-1]
-        key_valid = ctx.mask[:, None, :].expand(B, H, Np).reshape(B * H, Np)
-        o = sorted_block_rbf_attention(q.reshape(B * H, Np, D), k.reshape(B * H, Np, D),
-                                       v.reshape(B * H, Np, self.head_dim), key_valid, pq, pk,
-                                       self.block_size, self.chunk_elems)
-        y = self.merge_heads(o.view(B, H, Np, self.head_dim), ctx.mask)
-        return y[:, :N]
+        qa, ka, va = self.augmented_rows(x, pos, ctx.mask)
+        iq, ik = self.sort_indices(qa, ka, ctx)
+        H, d = self.heads, self.head_dim
+        o = sorted_block_attention(qa.reshape(B * Np * H, -1), ka.reshape(B * Np * H, -1),
+                                   va.reshape(B * Np * H, -1), iq, ik, self.block_size, self.chunk_elems)
+        y = self.out_linear(o.view(B, Np, H * d))  # rows are (b, i, h): heads concatenated h-major
+        return self.zero_padding(y, ctx.mask)[:, :N]

@@ -1,0 +1,195 @@
+"""The attention contract for full, kernel and hept: reference paths, invariances, errors."""
+import pytest
+import torch
+
+import pointformers
+from pointformers.attention import build
+from pointformers.attention.block_attention import sorted_block_attention
+
+MECHS = {
+    "full": dict(dim=16, heads=4),
+    "kernel": dict(dim=16, heads=4, coord_dim=3),
+    "hept": dict(dim=16, heads=4, coord_dim=3, block_size=8, n_hashes=3, num_regions=6),
+}
+
+
+def local_cloud(n, generator, dim=16, coord_dim=3, dtype=torch.float64):
+    """Features and coordinates with local structure: clustered points, features that follow position."""
+    centers = torch.randn(max(1, n // 10), coord_dim, generator=generator, dtype=dtype)
+    pos = centers[torch.randint(len(centers), (n,), generator=generator)] \
+        + 0.1 * torch.randn(n, coord_dim, generator=generator, dtype=dtype)
+    x = torch.randn(n, dim, generator=generator, dtype=dtype) * 0.3
+    x[:, :coord_dim] += pos
+    return x, pos
+
+
+def test_registry():
+    assert {"full", "kernel", "hept"} <= set(pointformers.attention.available())
+    with pytest.raises(ValueError, match="unknown attention mechanism 'nope'"):
+        build("nope", dim=4)
+
+
+def _copy_kernel_weights(hept, kernel):
+    missing = kernel.load_state_dict(hept.state_dict(), strict=False)
+    assert not missing.missing_keys
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_hept_one_table_one_block_equals_kernel(masked):
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    hept = build("hept", dim=16, heads=4, coord_dim=3, block_size=64, n_hashes=1, num_regions=1).double()
+    kern = build("kernel", dim=16, heads=4, coord_dim=3).double()
+    _copy_kernel_weights(hept, kern)
+    x, pos = local_cloud(60, g)
+    x, pos = x[None], pos[None]
+    mask = None
+    if masked:
+        mask = torch.ones(1, 60, dtype=torch.bool)
+        mask[0, 50:] = False
+    y_h, y_k = hept(x, pos, mask), kern(x, pos, mask)
+    torch.testing.assert_close(y_h, y_k, atol=1e-5, rtol=0)
+    # and in float32 too, to the contract's 1e-5
+    y32 = hept.float()(x.float(), pos.float(), mask)
+    torch.testing.assert_close(y32, kern.float()(x.float(), pos.float(), mask), atol=1e-5, rtol=1e-4)
+
+
+def _rel_err(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def test_hept_error_falls_with_tables_and_block_size():
+    g = torch.Generator().manual_seed(1)
+    x, pos = local_cloud(512, g)
+    x, pos = x[None], pos[None]
+
+    def err(n_hashes, block_size, seed=0):
+        torch.manual_seed(seed)
+        h = build("hept", dim=16, heads=4, coord_dim=3, block_size=block_size, n_hashes=n_hashes,
+                  num_regions=1).double()
+        k = build("kernel", dim=16, heads=4, coord_dim=3).double()
+        _copy_kernel_weights(h, k)
+        with torch.no_grad():
+            h.log_omega.fill_(0.0)  # a wide kernel, so that many keys matter
+            k.log_omega.fill_(0.0)
+            return _rel_err(h(x, pos), k(x, pos))
+
+    by_tables = [sum(err(t, 32, s) for s in range(3)) / 3 for t in (1, 2, 8)]
+    by_block = [sum(err(1, b, s) for s in range(3)) / 3 for b in (16, 64, 256)]
+    assert by_tables[0] > by_tables[1] > by_tables[2]
+    assert by_block[0] > by_block[1] > by_block[2]
+    assert err(1, 512) < 1e-12  # one block covering the cloud is exact
+
+
+@pytest.mark.parametrize("name", list(MECHS))
+def test_padding_and_batch_invariance(name):
+    torch.manual_seed(0)
+    attn = build(name, **MECHS[name]).double().eval()
+    g = torch.Generator().manual_seed(2)
+    sizes = [37, 80, 5]
+    clouds = [local_cloud(n, g) for n in sizes]
+    xs, m = pointformers.data.batch.pad_clouds([c[0] for c in clouds])
+    ps, _ = pointformers.data.batch.pad_clouds([c[1] for c in clouds])
+    with torch.no_grad():
+        y_batch = attn(xs, ps, m)
+        for i, (x, p) in enumerate(clouds):
+            y_alone = attn(x[None], p[None])[0]
+            torch.testing.assert_close(y_batch[i, : sizes[i]], y_alone, atol=1e-10, rtol=1e-10)
+        assert torch.all(y_batch[~m] == 0)
+
+
+def test_hept_hash_parameters_survive_state_dict_round_trip():
+    torch.manual_seed(0)
+    a = build("hept", **MECHS["hept"]).double()
+    torch.manual_seed(123)
+    b = build("hept", **MECHS["hept"]).double()
+    assert not torch.equal(a.alpha, b.alpha) and not torch.equal(a.region_hash.regions, b.region_hash.regions)
+    sd = a.state_dict()
+    assert "alpha" in sd and "region_hash.regions" in sd
+    b.load_state_dict(sd)
+    assert torch.equal(a.alpha, b.alpha) and torch.equal(a.region_hash.regions, b.region_hash.regions)
+    g = torch.Generator().manual_seed(3)
+    x, pos = local_cloud(50, g)
+    torch.testing.assert_close(a(x[None], pos[None]), b(x[None], pos[None]), atol=0, rtol=0)
+    # frozen: no gradient flows to the hash parameters, they are buffers
+    assert all(n not in dict(a.named_parameters()) for n in ("alpha", "region_hash.regions"))
+
+
+def test_hept_region_codes_shared_context_equals_own():
+    torch.manual_seed(0)
+    attn = build("hept", **MECHS["hept"]).double()
+    g = torch.Generator().manual_seed(4)
+    x, pos = local_cloud(40, g)
+    ctx = attn.prepare(pos[None])
+    torch.testing.assert_close(attn(x[None], pos[None], context=ctx), attn(x[None], pos[None]), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="context was prepared"):
+        attn(x[None, :30], pos[None, :30], context=ctx)
+
+
+def test_block_attention_gradients_match_autograd():
+    torch.manual_seed(0)
+    G, n, D, dv, T, b = 3, 20, 5, 4, 2, 5
+    q = (torch.randn(G * n, D, dtype=torch.float64) * 0.5).requires_grad_()
+    k = (torch.randn(G * n, D, dtype=torch.float64) * 0.5).requires_grad_()
+    v = torch.randn(G * n, dv + 1, dtype=torch.float64, requires_grad=True)
+    perms = lambda: torch.stack([torch.stack([torch.randperm(n) + g * n for _ in range(T)]) for g in range(G)])
+    iq, ik = perms(), perms()
+    f = lambda q, k, v: sorted_block_attention(q, k, v, iq, ik, b, chunk_elems=50)
+    assert torch.autograd.gradcheck(f, (q, k, v))
+    # and the forward equals a direct dense-per-block computation
+    out = f(q, k, v)
+    num = torch.zeros(G * n, dv + 1, dtype=torch.float64)
+    for g in range(G):
+        for t in range(T):
+            for j in range(n // b):
+                rq, rk = iq[g, t, j * b:(j + 1) * b], ik[g, t, j * b:(j + 1) * b]
+                s = (q[rq] @ k[rk].T).clamp(max=0).exp()
+                num[rq] += s @ v[rk]
+    torch.testing.assert_close(out, num[:, :dv] / (num[:, dv:] + T * 1e-20))
+
+
+def test_hept_gradients_finite_and_correct():
+    torch.manual_seed(0)
+    h = build("hept", dim=8, heads=3, coord_dim=3, block_size=5, n_hashes=2, num_regions=4).double()
+    x = torch.randn(2, 23, 8, dtype=torch.float64, requires_grad=True)
+    pos = torch.randn(2, 23, 3, dtype=torch.float64)
+    mask = torch.rand(2, 23, generator=torch.Generator().manual_seed(0)) > 0.3
+    assert torch.autograd.gradcheck(lambda x: h(x, pos, mask), (x,))
+    h(x, pos, mask).pow(2).sum().backward()
+    assert h.log_omega.grad is not None and torch.isfinite(h.log_omega.grad).all()
+    assert h.w_q.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", list(MECHS))
+def test_bad_input_errors(name):
+    attn = build(name, **MECHS[name])
+    x = torch.randn(1, 10, 16)
+    pos = torch.randn(1, 10, 3)
+    bad = pos.clone()
+    bad[0, 3, 0] = float("nan")
+    if name != "full":
+        with pytest.raises(ValueError, match="pos contains NaN or inf"):
+            attn(x, bad)
+        with pytest.raises(ValueError, match="pos"):
+            attn(x, None)
+        with pytest.raises(ValueError, match="coordinate columns"):
+            attn(x, pos[..., :2])
+    xb = x.clone()
+    xb[0, 1, 1] = float("inf")
+    with pytest.raises(ValueError, match="x contains NaN or inf"):
+        attn(xb, pos)
+    with pytest.raises(ValueError, match="empty"):
+        attn(x, pos, torch.zeros(1, 10, dtype=torch.bool))
+    with pytest.raises(ValueError, match="empty"):
+        attn(x[:, :0], pos[:, :0])
+    with pytest.raises(ValueError, match="feature size"):
+        attn(torch.randn(1, 10, 5), pos)
+    with pytest.raises(ValueError, match="mask must be a bool"):
+        attn(x, pos, torch.ones(1, 10))
+    with pytest.raises(ValueError, match="must be a floating"):
+        attn(x.long(), pos)
+
+
+def test_hept_needs_eta_phi():
+    with pytest.raises(ValueError, match="coord_dim must be >= 2"):
+        build("hept", dim=8, heads=2, coord_dim=1)
