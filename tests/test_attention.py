@@ -131,20 +131,22 @@ def test_block_attention_gradients_match_autograd():
     G, n, D, dv, T, b = 3, 20, 5, 4, 2, 5
     q = (torch.randn(G * n, D, dtype=torch.float64) * 0.5).requires_grad_()
     k = (torch.randn(G * n, D, dtype=torch.float64) * 0.5).requires_grad_()
-    v = torch.randn(G * n, dv + 1, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(G * n, dv, dtype=torch.float64, requires_grad=True)
+    valid = torch.rand(G * n, generator=torch.Generator().manual_seed(0)) > 0.2
     perms = lambda: torch.stack([torch.stack([torch.randperm(n) + g * n for _ in range(T)]) for g in range(G)])
     iq, ik = perms(), perms()
-    f = lambda q, k, v: sorted_block_attention(q, k, v, iq, ik, b, chunk_elems=50)
+    f = lambda q, k, v: sorted_block_attention(q, k, v, valid, iq, ik, b, chunk_elems=50)
     assert torch.autograd.gradcheck(f, (q, k, v))
     # and the forward equals a direct dense-per-block computation
     out = f(q, k, v)
     num = torch.zeros(G * n, dv + 1, dtype=torch.float64)
+    v1 = torch.cat([v, torch.ones(G * n, 1, dtype=torch.float64)], 1) * valid[:, None]
     for g in range(G):
         for t in range(T):
             for j in range(n // b):
                 rq, rk = iq[g, t, j * b:(j + 1) * b], ik[g, t, j * b:(j + 1) * b]
-                s = (q[rq] @ k[rk].T).clamp(max=0).exp()
-                num[rq] += s @ v[rk]
+                s = (-0.5 * torch.cdist(q[rq], k[rk]).pow(2)).exp()
+                num[rq] += s @ v1[rk]
     torch.testing.assert_close(out, num[:, :dv] / (num[:, dv:] + T * 1e-20))
 
 

@@ -6,21 +6,20 @@ order and cut into blocks of ``b``; query block j attends only to key block j wi
 exp(min(0, q'·k')). Numerators and denominators are summed over tables before the
 division, with 1e−20 added per table (HEPT paper §4.2 and the authors' code).
 
-HEPT's RBF kernel exp(−½‖q̂ − k̂‖²) is a plain dot product of augmented rows
-q' = [q̂, −½‖q̂‖², 1] and k' = [k̂, 1, −½‖k̂‖²] (built by the caller), so every chunk of
-blocks is GEMM → clamp/exp → GEMM. The denominator is the last column of the value rows
-v' = [v, 1] (0 for a padded key, whose whole row is 0, so padded keys add nothing).
+HEPT's RBF kernel exp(−½‖q̂ − k̂‖²) is exp of a plain dot product of augmented rows
+q' = [q̂, −½‖q̂‖², 1] and k' = [k̂, 1, −½‖k̂‖²], so every chunk of blocks is
+GEMM → clamp/exp → GEMM. The denominator is the last column of the value rows
+v' = [v, 1] (a padded key's row is all 0, so padded keys add nothing).
 
 Why a custom autograd function: the straightforward version materialises every block's
 score matrix (T·G·n·b numbers), keeps it for the backward pass (far more memory than
 full attention with a fused kernel) and spends its time in elementwise passes. Here:
 
-* one table at a time, blocks are processed in chunks whose scores stay in cache; each chunk
-  writes its results to contiguous rows of a sorted-order buffer, and one gather with the
-  inverse permutation adds the table back in point order (no scatter, no atomics);
+* blocks are processed in chunks whose scores stay in cache, each chunk's results added
+  back to point order with ``index_add_`` (no score matrix outlives its chunk);
 * the backward pass recomputes each chunk's scores instead of storing them (as
-  FlashAttention does): training memory is the inputs, the permutations and one table's
-  buffers.
+  FlashAttention does): training memory is q̂, k̂, v, the permutations and the output,
+  about what full attention with a fused kernel keeps.
 """
 from __future__ import annotations
 
@@ -48,82 +47,147 @@ def _scores(logits: torch.Tensor) -> torch.Tensor:
     return logits.clamp_(_LOGIT_FLOOR, 0.0).exp_()
 
 
-def _unsort_index(idx_t: torch.Tensor, n_rows: int) -> torch.Tensor:
-    """For one table: position in the sorted order of every row. idx_t (G, n) -> (R,)."""
-    inv = torch.empty(n_rows, dtype=idx_t.dtype, device=idx_t.device)
-    inv[idx_t.reshape(-1)] = torch.arange(idx_t.numel(), device=idx_t.device)
-    return inv
+def augment_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor):
+    """(R, D), (R, D), (R, dv), (R,) -> q' (R, D+2), k' (R, D+2), v' (R, dv+1); see module doc."""
+    keep = key_valid[:, None].to(v.dtype)
+    one = torch.ones_like(keep)
+    qa = torch.cat([q, q.new_zeros(q.shape[0], 1), one], 1)
+    ka = torch.cat([k, one, k.new_zeros(k.shape[0], 1)], 1)
+    fill_norm_columns(qa, ka)
+    return qa, ka, torch.cat([v * keep, keep], 1)
+
+
+def fill_norm_columns(qa: torch.Tensor, ka: torch.Tensor) -> None:
+    """Write −½‖q̂‖² into column D of q' and −½‖k̂‖² into column D+1 of k', in place.
+
+    Done outside autograd on purpose: :class:`_SortedBlockAttention` folds the derivative of
+    these columns into the gradient of q̂ / k̂ itself, so callers may build q', k' straight
+    from one matmul (no concatenated copies kept for the backward pass).
+    """
+    D = qa.shape[-1] - 2
+    with torch.no_grad():
+        qa[..., D] = -0.5 * qa[..., :D].pow(2).sum(-1)
+        ka[..., D + 1] = -0.5 * ka[..., :D].pow(2).sum(-1)
+
+
+def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int):
+    """Forward loop. Returns out (R, dv) and den (R,) = Σ_t denominators + T·1e−20."""
+    b = block_size
+    bq_all, bk_all = iq.reshape(-1, b), ik.reshape(-1, b)  # every (group, table, block)
+    acc = va.new_zeros(va.shape)  # [Σ_t numerator, Σ_t denominator] per row
+    for s in range(0, bq_all.shape[0], chunk_blocks):
+        bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
+        scores = _scores(torch.bmm(_rows(qa, bq), _rows(ka, bk).transpose(1, 2)))
+        acc.index_add_(0, bq.reshape(-1), torch.bmm(scores, _rows(va, bk)).flatten(0, 1))
+    den = acc[:, -1] + iq.shape[1] * DENOM_EPS
+    return acc[:, :-1] / den[:, None], den
+
+
+def _attend_backward(qa, ka, va, iq, ik, out, den, grad_out, block_size: int, chunk_blocks: int):
+    """Backward loop with recomputed scores. Returns dqa, dka, dva, where dqa / dka are the total
+    derivatives w.r.t. q̂ / k̂ in their first D columns (the norm columns' chain rule folded in,
+    the two folded columns zeroed) and padded keys get no gradient."""
+    b = block_size
+    bq_all, bk_all = iq.reshape(-1, b), ik.reshape(-1, b)
+    # out = N / Dn  =>  dN = g / Dn,  dDn = −Σ_c g·out / Dn
+    dacc = torch.cat([grad_out / den[:, None], (-(grad_out * out).sum(-1) / den)[:, None]], 1)
+    dqa, dka, dva = torch.zeros_like(qa), torch.zeros_like(ka), torch.zeros_like(va)
+    for s in range(0, bq_all.shape[0], chunk_blocks):
+        bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
+        fq, fk = bq.reshape(-1), bk.reshape(-1)
+        Q, K, V = _rows(qa, bq), _rows(ka, bk), _rows(va, bk)
+        logits = torch.bmm(Q, K.transpose(1, 2))
+        above = logits > 0  # the clamp at 0 passes no gradient there
+        scores = _scores(logits)  # in place: logits are not needed again
+        dNV = _rows(dacc, bq)
+        dva.index_add_(0, fk, torch.bmm(scores.transpose(1, 2), dNV).flatten(0, 1))
+        dlog = torch.bmm(dNV, V.transpose(1, 2)).mul_(scores).masked_fill_(above, 0.0)
+        dqa.index_add_(0, fq, torch.bmm(dlog, K).flatten(0, 1))
+        dka.index_add_(0, fk, torch.bmm(dlog.transpose(1, 2), Q).flatten(0, 1))
+    D = qa.shape[1] - 2
+    dqa[:, :D].addcmul_(dqa[:, D:D + 1], qa[:, :D], value=-1.0)  # ∂(−½‖x‖²)/∂x = −x
+    dka[:, :D].addcmul_(dka[:, D + 1:D + 2], ka[:, :D], value=-1.0)
+    dqa[:, D:].zero_()
+    dka[:, D:].zero_()
+    keep = va[:, -1:]  # 0 for padded keys
+    dka.mul_(keep)
+    dva.mul_(keep)
+    return dqa, dka, dva
 
 
 class _SortedBlockAttention(torch.autograd.Function):
+    """On prebuilt augmented rows; saves them for the backward pass."""
+
     @staticmethod
     def forward(ctx, qa, ka, va, iq, ik, block_size, chunk_blocks):
-        R, dv1 = va.shape
-        G, T, n = iq.shape
-        b = block_size
-        acc = va.new_zeros(R, dv1)  # [Σ_t numerator, Σ_t denominator] in row order
-        buf = va.new_empty(G * n // b, b, dv1)  # one table, in sorted order
-        for t in range(T):
-            bq_all, bk_all = iq[:, t].reshape(-1, b), ik[:, t].reshape(-1, b)
-            for s in range(0, bq_all.shape[0], chunk_blocks):
-                bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
-                scores = _scores(torch.bmm(_rows(qa, bq), _rows(ka, bk).transpose(1, 2)))
-                torch.bmm(scores, _rows(va, bk), out=buf[s:s + chunk_blocks])
-            acc += buf.view(-1, dv1).index_select(0, _unsort_index(iq[:, t], R))
-        den = acc[:, -1] + T * DENOM_EPS
-        out = acc[:, :-1] / den[:, None]
+        out, den = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks)
         ctx.save_for_backward(qa, ka, va, iq, ik, out, den)
-        ctx.block_size, ctx.chunk_blocks = b, chunk_blocks
+        ctx.block_size, ctx.chunk_blocks = block_size, chunk_blocks
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        qa, ka, va, iq, ik, out, den = ctx.saved_tensors
-        b, chunk_blocks = ctx.block_size, ctx.chunk_blocks
-        R = qa.shape[0]
-        G, T, n = iq.shape
-        # out = N / Dn  =>  dN = g / Dn,  dDn = −Σ_c g·out / Dn
-        dacc = torch.cat([grad_out / den[:, None], (-(grad_out * out).sum(-1) / den)[:, None]], 1)
-        dqa, dka, dva = torch.zeros_like(qa), torch.zeros_like(ka), torch.zeros_like(va)
-        dq_buf = qa.new_empty(G * n // b, b, qa.shape[1])
-        dk_buf = ka.new_empty(G * n // b, b, ka.shape[1])
-        dv_buf = va.new_empty(G * n // b, b, va.shape[1])
-        for t in range(T):
-            bq_all, bk_all = iq[:, t].reshape(-1, b), ik[:, t].reshape(-1, b)
-            for s in range(0, bq_all.shape[0], chunk_blocks):
-                sl = slice(s, s + chunk_blocks)
-                bq, bk = bq_all[sl], bk_all[sl]
-                Q, K, V = _rows(qa, bq), _rows(ka, bk), _rows(va, bk)
-                logits = torch.bmm(Q, K.transpose(1, 2))
-                above = logits > 0  # the clamp at 0 passes no gradient there
-                scores = _scores(logits)  # in place: logits are not needed again
-                dNV = _rows(dacc, bq)
-                torch.bmm(scores.transpose(1, 2), dNV, out=dv_buf[sl])
-                dlog = torch.bmm(dNV, V.transpose(1, 2)).mul_(scores).masked_fill_(above, 0.0)
-                torch.bmm(dlog, K, out=dq_buf[sl])
-                torch.bmm(dlog.transpose(1, 2), Q, out=dk_buf[sl])
-            unsort_q, unsort_k = _unsort_index(iq[:, t], R), _unsort_index(ik[:, t], R)
-            dqa += dq_buf.view(R, -1).index_select(0, unsort_q)
-            dka += dk_buf.view(R, -1).index_select(0, unsort_k)
-            dva += dv_buf.view(R, -1).index_select(0, unsort_k)
-        return dqa, dka, dva, None, None, None, None
+        grads = _attend_backward(*ctx.saved_tensors, grad_out, ctx.block_size, ctx.chunk_blocks)
+        return (*grads, None, None, None, None)
+
+
+class _ProjectedSortedBlockAttention(torch.autograd.Function):
+    """Rows are linear projections of a narrow input: only xp and the weights are saved, and
+    the wide rows are recomputed in the backward pass (a few cheap GEMMs), so a layer keeps
+    less than full attention keeps (q, k, v and the output)."""
+
+    @staticmethod
+    def forward(ctx, xp, wq, wk, wv, heads, iq, ik, block_size, chunk_blocks, rows):
+        qa, ka, va = rows  # built by the caller under no_grad (it also needed them to sort)
+        out, den = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks)
+        ctx.save_for_backward(xp, wq, wk, wv, iq, ik, out, den)
+        ctx.heads, ctx.block_size, ctx.chunk_blocks = heads, block_size, chunk_blocks
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        xp, wq, wk, wv, iq, ik, out, den = ctx.saved_tensors
+        qa, ka, va = projected_rows(xp, wq, wk, wv, ctx.heads)
+        dqa, dka, dva = _attend_backward(qa, ka, va, iq, ik, out, den, grad_out, ctx.block_size,
+                                         ctx.chunk_blocks)
+        P = xp.shape[0]
+        dq2, dk2, dv2 = dqa.view(P, -1), dka.view(P, -1), dva.view(P, -1)
+        dxp = dq2 @ wq + dk2 @ wk + dv2 @ wv
+        return dxp, dq2.T @ xp, dk2.T @ xp, dv2.T @ xp, None, None, None, None, None, None
+
+
+def projected_rows(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, heads: int):
+    """qa, ka (P·H, D+2) and va (P·H, dv+1) = rows of xp @ wᵀ, with the norm columns filled.
+
+    xp: (P, Din); wq, wk: (H·(D+2), Din); wv: (H·(dv+1), Din). Row p·H + h is point p, head h.
+    """
+    P = xp.shape[0]
+    qa = (xp @ wq.T).view(P * heads, -1)
+    ka = (xp @ wk.T).view(P * heads, -1)
+    va = (xp @ wv.T).view(P * heads, -1)
+    fill_norm_columns(qa, ka)
+    return qa, ka, va
 
 
 def sorted_block_attention(
-    qa: torch.Tensor,
-    ka: torch.Tensor,
-    va: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_valid: torch.Tensor,
     iq: torch.Tensor,
     ik: torch.Tensor,
     block_size: int,
     chunk_elems: int = DEFAULT_CHUNK_ELEMS,
 ) -> torch.Tensor:
-    """Σ_t A⁽ᵗ⁾V / (Σ_t A⁽ᵗ⁾1 + T·1e−20) with block-diagonal A⁽ᵗ⁾ in each table's sorted order.
+    """Σ_t A⁽ᵗ⁾V / (Σ_t A⁽ᵗ⁾1 + T·1e−20) with block-diagonal A⁽ᵗ⁾ in each table's sorted order,
+    A_uv = exp(min(0, −½‖q_u − k_v‖²)).
 
     Args:
-        qa, ka: (R, Da) augmented query / key rows; the kernel is exp(min(0, qa·ka)).
-        va: (R, dv + 1) value rows with a last column of 1 for real keys; padded keys are all 0.
+        q, k: (R, D) query / key rows (HEPT: the coordinate-augmented q̂, k̂).
+        v: (R, dv) value rows.
+        key_valid: (R,) bool, False for padded keys (kernel value exactly 0).
         iq, ik: (G, T, n) int64 row numbers: for group g (cloud × head) and table t, the rows of
             g's n points in the table's query / key sort order (each a permutation of g's rows;
             every row belongs to exactly one group, so R = G·n). n must be a multiple of b.
@@ -137,8 +201,47 @@ def sorted_block_attention(
     G, T, n = iq.shape
     if n % block_size:
         raise ValueError(f"point count {n} must be a multiple of block_size={block_size} (pad first)")
-    if qa.shape[0] != G * n or ka.shape != qa.shape or va.shape[0] != G * n:
-        raise ValueError(f"qa/ka/va must have G·n = {G * n} rows and qa, ka the same shape; got "
-                         f"{tuple(qa.shape)}, {tuple(ka.shape)}, {tuple(va.shape)}")
+    if q.shape[0] != G * n or k.shape != q.shape or v.shape[0] != G * n or key_valid.shape != (G * n,):
+        raise ValueError(f"q/k/v/key_valid must have G·n = {G * n} rows and q, k the same shape; got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}, {tuple(key_valid.shape)}")
+    qa, ka, va = augment_rows(q, k, v, key_valid)
+    out = sorted_block_attention_rows(qa, ka, va, iq, ik, block_size, chunk_elems)
+    return out
+
+
+def sorted_block_attention_rows(qa: torch.Tensor, ka: torch.Tensor, va: torch.Tensor, iq: torch.Tensor,
+                                ik: torch.Tensor, block_size: int,
+                                chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> torch.Tensor:
+    """:func:`sorted_block_attention` on prebuilt augmented rows (see :func:`augment_rows`).
+
+    qa, ka: (R, D+2) with norm columns filled by :func:`fill_norm_columns`; va: (R, dv+1) with
+    last column 1 for real keys and all-zero rows for padded keys. Returns (R, dv).
+    The gradient returned for qa / ka is the total derivative w.r.t. their first D columns.
+    """
     chunk_blocks = max(1, chunk_elems // (block_size * block_size))
     return _SortedBlockAttention.apply(qa, ka, va, iq, ik, block_size, chunk_blocks)
+
+
+def projected_sorted_block_attention(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
+                                     heads: int, iq: torch.Tensor, ik: torch.Tensor, block_size: int,
+                                     chunk_elems: int = DEFAULT_CHUNK_ELEMS, rows=None) -> torch.Tensor:
+    """:func:`sorted_block_attention` whose rows are projections of a narrow input (memory-lean).
+
+    Args:
+        xp: (P, Din) per-point inputs; wq, wk: (H·(D+2), Din) and wv: (H·(dv+1), Din) weights
+            whose products are q' = [q̂, ·, 1], k' = [k̂, 1, ·] and v' = [v, 1] per head (the
+            norm columns are filled here); padded points must have all-zero rows in xp.
+        heads: H. iq, ik: (G, T, n) row numbers into the P·H rows (row p·H + h).
+        rows: optionally the (qa, ka, va) of :func:`projected_rows`, already computed by the
+            caller (e.g. to sort), to avoid recomputing them in the forward pass.
+    Returns:
+        (P·H, dv).
+    """
+    G, T, n = iq.shape
+    if n % block_size:
+        raise ValueError(f"point count {n} must be a multiple of block_size={block_size} (pad first)")
+    if rows is None:
+        with torch.no_grad():
+            rows = projected_rows(xp, wq, wk, wv, heads)
+    chunk_blocks = max(1, chunk_elems // (block_size * block_size))
+    return _ProjectedSortedBlockAttention.apply(xp, wq, wk, wv, heads, iq, ik, block_size, chunk_blocks, rows)

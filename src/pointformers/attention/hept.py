@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .block_attention import DEFAULT_CHUNK_ELEMS, sorted_block_attention
+from .block_attention import DEFAULT_CHUNK_ELEMS, projected_rows, projected_sorted_block_attention
 from .hept_regions import HEPTContext, HEPTRegions
 from .kernel import KernelAttention
 from .registry import register
@@ -79,32 +79,38 @@ class HEPTAttention(KernelAttention):
             mask = torch.ones(pos.shape[:2], dtype=torch.bool, device=pos.device)
         return self.region_hash(pos, mask)
 
-    def augmented_rows(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor):
-        """Rows for :func:`sorted_block_attention`, laid out (B, Np, H, ·) so no transposes are needed.
-
-        Returns q' = [q̂, −½‖q̂‖², 1], k' = [k̂, 1, −½‖k̂‖²] (B, Np, H, d+c+2) and
-        v' = [v, 1] (B, Np, H, d+1), all zero at padded points (so padded keys add nothing).
+    def projection_inputs(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor):
+        """Narrow input xp = [x ‖ ρ ‖ 1] (B·Np, D + c + 1), zero at padded points, and the block
+        weights wq, wk (H·(d+c+2), ·), wv (H·(d+1), ·) whose products are, per point and head,
+        q' = [q̂, ·, 1], k' = [k̂, 1, ·] with q̂ = [q̃ ‖ √(2ω)ρ], and v' = [v, 1]
+        (see :func:`projected_sorted_block_attention`): the wide rows are never kept for the
+        backward pass, only xp and the small weights.
         """
         B, Np, _ = x.shape
-        H, d = self.heads, self.head_dim
-        keep = mask[:, :, None, None].to(x.dtype)
-        rho = (2.0 * self.omega()).sqrt().to(x.dtype) * pos.to(x.dtype).unsqueeze(2)  # (B, Np, H, c)
-        one = keep.expand(B, Np, H, 1)
-        q = self.w_q(x).view(B, Np, H, d)
-        k = self.w_k(x).view(B, Np, H, d)
-        v = self.w_v(x).view(B, Np, H, d)
-        rho_n = -0.5 * rho.pow(2).sum(-1, keepdim=True)
-        qa = torch.cat([q, rho, rho_n - 0.5 * q.pow(2).sum(-1, keepdim=True), one], -1) * keep
-        ka = torch.cat([k, rho, one, rho_n - 0.5 * k.pow(2).sum(-1, keepdim=True)], -1) * keep
-        va = torch.cat([v, one], -1) * keep
-        return qa, ka, va
+        H, d, c = self.heads, self.head_dim, self.coord_dim
+        keep = mask[..., None].to(x.dtype)
+        xp = torch.cat([x * keep, pos.to(x.dtype) * keep, keep], -1)  # (B, Np, D + c + 1)
+        Din = xp.shape[-1]
+        scale = torch.diag_embed((2.0 * self.omega()).sqrt().to(x.dtype))  # (H, c, c)
+        one_row = x.new_zeros(H, 1, Din)
+        one_row[..., -1] = 1.0
+        zero_row = x.new_zeros(H, 1, Din)
+
+        def projection(w: torch.Tensor) -> torch.Tensor:  # (H·d, D) -> (H, d, Din)
+            return torch.cat([w.to(x.dtype).view(H, d, -1), x.new_zeros(H, d, c + 1)], -1)
+
+        coords = torch.cat([x.new_zeros(H, c, self.dim), scale, x.new_zeros(H, c, 1)], -1)  # (H, c, Din)
+        wq = torch.cat([projection(self.w_q.weight), coords, zero_row, one_row], 1).reshape(-1, Din)
+        wk = torch.cat([projection(self.w_k.weight), coords, one_row, zero_row], 1).reshape(-1, Din)
+        wv = torch.cat([projection(self.w_v.weight), one_row], 1).reshape(-1, Din)
+        return xp.reshape(B * Np, Din), wq, wk, wv
 
     def sort_indices(self, qa: torch.Tensor, ka: torch.Tensor, ctx: HEPTContext):
-        """Per-table sort orders as row numbers into the (B·Np·H) rows. qa, ka (B, Np, H, d+c+2) -> 2 × (B·H, T, Np)."""
-        D = self.head_dim + self.coord_dim
+        """Per-table sort orders as row numbers into the (B·Np·H) rows. q', k' (B, Np, H, d+c+2) -> 2 × (B·H, T, Np)."""
         with torch.no_grad():
             alpha = self.alpha.to(qa.dtype)
-            lq = torch.einsum("bnhd,hdt->bthn", qa[..., :D], alpha)  # E2LSH base hash of q̂, k̂
+            D = alpha.shape[1]
+            lq = torch.einsum("bnhd,hdt->bthn", qa[..., :D], alpha)  # E2LSH base hash (no bucketing) of q̂, k̂
             lk = torch.einsum("bnhd,hdt->bthn", ka[..., :D], alpha)
             delta = masked_range(lq, lk, ctx.mask)
             offset = ctx.codes.to(qa.dtype) * delta
@@ -132,10 +138,11 @@ class HEPTAttention(KernelAttention):
         if Np != N:
             x = torch.cat([x, x.new_zeros(B, Np - N, x.shape[-1])], 1)
             pos = torch.cat([pos, pos.new_zeros(B, Np - N, pos.shape[-1])], 1)
-        qa, ka, va = self.augmented_rows(x, pos, ctx.mask)
-        iq, ik = self.sort_indices(qa, ka, ctx)
         H, d = self.heads, self.head_dim
-        o = sorted_block_attention(qa.reshape(B * Np * H, -1), ka.reshape(B * Np * H, -1),
-                                   va.reshape(B * Np * H, -1), iq, ik, self.block_size, self.chunk_elems)
+        xp, wq, wk, wv = self.projection_inputs(x, pos, ctx.mask)
+        with torch.no_grad():
+            rows = projected_rows(xp, wq, wk, wv, H)
+        iq, ik = self.sort_indices(rows[0].view(B, Np, H, -1), rows[1].view(B, Np, H, -1), ctx)
+        o = projected_sorted_block_attention(xp, wq, wk, wv, H, iq, ik, self.block_size, self.chunk_elems, rows)
         y = self.out_linear(o.view(B, Np, H * d))  # rows are (b, i, h): heads concatenated h-major
         return self.zero_padding(y, ctx.mask)[:, :N]

@@ -1,0 +1,112 @@
+"""On-disk caching of generated arrays, keyed by the generator parameters.
+
+A cache entry is one ``.npz`` file (no pickle) whose name carries a hash of the parameters
+and which also stores the canonical JSON of those parameters, so a changed parameter (or
+generator version) gives a different file and a hash collision is still detected. Writes
+are atomic (temporary file in the same folder, then :func:`os.replace`), so readers never
+see a partial file; a corrupted or truncated file is treated as a miss and regenerated.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+_PARAMS_KEY = "__cache_params__"
+
+
+def default_cache_dir() -> Path:
+    """``$POINTFORMERS_CACHE`` if set, else ``~/.cache/pointformers``."""
+    env = os.environ.get("POINTFORMERS_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "pointformers"
+
+
+def canonical_json(params: Mapping[str, Any]) -> str:
+    """Deterministic JSON of a parameter mapping (sorted keys, tuples as lists)."""
+    return json.dumps(params, sort_keys=True, separators=(",", ":"), default=_json_default)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, (set, frozenset)):
+        return sorted(o)
+    raise TypeError(f"params: value of type {type(o).__name__} is not JSON-serialisable")
+
+
+def params_hash(params: Mapping[str, Any]) -> str:
+    """Hex SHA-256 of :func:`canonical_json` of ``params``."""
+    return hashlib.sha256(canonical_json(params).encode()).hexdigest()
+
+
+def cache_path(cache_dir: str | os.PathLike, prefix: str, params: Mapping[str, Any]) -> Path:
+    """The file a cache entry for ``params`` lives in: ``<dir>/<prefix>-<hash16>.npz``."""
+    return Path(cache_dir) / f"{prefix}-{params_hash(params)[:16]}.npz"
+
+
+def load_arrays(path: str | os.PathLike, params: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+    """The arrays stored at ``path`` if it is a complete entry for ``params``, else ``None``."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if _PARAMS_KEY not in z.files or str(z[_PARAMS_KEY]) != canonical_json(params):
+                return None
+            # Reading every member validates the whole file (CRC checks catch truncation).
+            return {k: z[k] for k in z.files if k != _PARAMS_KEY}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
+        return None
+
+
+def save_arrays(path: str | os.PathLike, params: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+    """Atomically write ``arrays`` plus the parameters to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if _PARAMS_KEY in arrays:
+        raise ValueError(f"arrays: the key {_PARAMS_KEY!r} is reserved")
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **{_PARAMS_KEY: np.array(canonical_json(params))}, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def cached_arrays(
+    cache_dir: str | os.PathLike,
+    prefix: str,
+    params: Mapping[str, Any],
+    build: Callable[[], Mapping[str, np.ndarray]],
+) -> dict[str, np.ndarray]:
+    """Load the entry for ``params`` from ``cache_dir``, or ``build()`` it and store it.
+
+    Args:
+        cache_dir: folder of the cache (created when missing).
+        prefix: human-readable file-name prefix (not part of the key).
+        params: everything the output depends on (JSON-serialisable); include a version.
+        build: makes the arrays on a miss (dict of name -> array; no object arrays).
+    """
+    path = cache_path(cache_dir, prefix, params)
+    hit = load_arrays(path, params)
+    if hit is not None:
+        return hit
+    arrays = {k: np.asarray(v) for k, v in build().items()}
+    try:
+        save_arrays(path, params, arrays)
+    except OSError:
+        pass  # a read-only or full disk must not stop generation; we just do not cache
+    return dict(arrays)
