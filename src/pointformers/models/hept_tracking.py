@@ -79,12 +79,15 @@ def convert_reference_state_dict(ref: "OrderedDict[str, torch.Tensor]", n_layers
     return out
 
 
-def from_reference_checkpoint(path: str | os.PathLike, **options) -> PointTransformerJK:
+def from_reference_checkpoint(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
+                              **options) -> PointTransformerJK:
     """Load an authors' HEPT tracking ``state_dict`` (e.g. ``hept-tracking-60k.pt``) strictly.
 
     The architecture is inferred from the file (input features, coordinates, heads, layers,
     head width, tables); ``options`` override the rest (e.g. ``block_size``). Every key and
     shape must match: a missing/unexpected key or a shape mismatch raises ValueError.
+    ``dtype``: the model's dtype; the conversion (ω from ``w_rpe``) runs in it, so a float64
+    model reproduces the reference computation in float64 without float32 rounding of ω.
     """
     if not os.path.isfile(path):
         raise ValueError(f"path: no checkpoint file at {path!s}")
@@ -105,7 +108,8 @@ def from_reference_checkpoint(path: str | os.PathLike, **options) -> PointTransf
                # G only seeds the random region counts, which the file overrides
                num_regions=float(ref["regions"][:, 0].mul(ref["regions"][:, 1]).mean()))
     cfg.update(options)
-    model = PointTransformerJK(**cfg)
+    model = PointTransformerJK(**cfg).to(dtype)
+    ref = OrderedDict((k, v.to(dtype) if k != "regions" else v) for k, v in ref.items())
     sd = convert_reference_state_dict(ref, n_layers, heads, head_dim, num_w)
     own = model.state_dict()
     bad = [f"{k}: file {tuple(v.shape)} vs model {tuple(own[k].shape)}" for k, v in sd.items()
