@@ -1,0 +1,1 @@
+"""Speed / memory benchmarks, measured side by side in one run."""

@@ -1,0 +1,204 @@
+"""Forward time and peak memory of the HEPT tracking model against its baselines, side by side.
+
+Every measurement runs in a fresh subprocess, so its peak resident memory (``ru_maxrss``
+minus the resident size before the measured call) is its own. Inputs are generated
+tracking events (the first N hits of an event with enough pile-up). Mechanisms:
+
+* ``hept``               — :class:`pointformers.attention.HEPTAttention` (fused, recomputing backward)
+* ``hept-materialized``  — the same model and weights computed as the authors' code does
+                           (every block's scores materialised), see :mod:`.materialized_hept`
+* ``full``               — softmax attention via ``scaled_dot_product_attention``
+* ``kernel``             — dense HEPT kernel (the exact target)
+
+Usage: ``pointformers benchmark [--sizes 6000 20000 60000] [--write docs/benchmarks.md]``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+#: Quadratic mechanisms are not run above this size (their time and memory grow as N²).
+QUADRATIC_MAX_N = 20000
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux: fall back to the peak so far (differences stay meaningful)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _peak_bytes() -> int:
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def make_inputs(n: int, seed: int = 0):
+    """x (1, n, 15), coords (1, n, 6) from a generated event with enough hits."""
+    from ..data.tracking import generate_event, preset_params
+    from ..tasks.tracking import tracking_inputs
+
+    mu = max(5.0, 200.0 * n / 50000)
+    ev = generate_event(preset_params("tracking-60k", mu=mu), seed=seed)
+    while ev.num_hits < n:
+        mu *= 1.3
+        ev = generate_event(preset_params("tracking-60k", mu=mu), seed=seed)
+    inp = tracking_inputs(ev)
+    return inp.x[None, :n], inp.coords[None, :n]
+
+
+def build_model(mechanism: str):
+    from ..models import build
+    from .materialized_hept import MaterializedHEPTAttention
+
+    torch.manual_seed(0)
+    if mechanism == "hept-materialized":
+        model = build("hept-tracking")
+        for blk in model.blocks:  # same parameters, unfused computation
+            blk.mixer.__class__ = MaterializedHEPTAttention
+        return model
+    return build("tracking-encoder", attention=mechanism)
+
+
+def worker(mechanism: str, n: int, mode: str, repeats: int) -> dict:
+    """One measurement in this process: median seconds and peak MB of forward or forward+backward."""
+    model = build_model(mechanism)
+    x, coords = make_inputs(n)
+    if mode == "forward":
+        model.eval()
+
+        def step():
+            with torch.no_grad():
+                model(x, coords)
+    else:
+        model.train()
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            model(x, coords).pow(2).mean().backward()
+
+    before = _rss_bytes()
+    t0 = time.perf_counter()
+    step()
+    times = [time.perf_counter() - t0]
+    peak = _peak_bytes() - before
+    for _ in range(repeats - 1):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {"mechanism": mechanism, "n": n, "mode": mode, "seconds": statistics.median(times),
+            "runs": len(times), "peak_mb": peak / 2**20}
+
+
+def run_one(mechanism: str, n: int, mode: str, repeats: int, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "pointformers.bench.speed", "--worker", mechanism, str(n), mode, str(repeats)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except subprocess.TimeoutExpired:
+        return {"mechanism": mechanism, "n": n, "mode": mode, "error": f"timeout after {timeout:.0f} s"}
+    except subprocess.CalledProcessError as e:
+        return {"mechanism": mechanism, "n": n, "mode": mode, "error": (e.stderr or "").strip().splitlines()[-1:]}
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{cpu}, {os.cpu_count()} logical cores, torch {torch.__version__} "
+            f"({torch.get_num_threads()} threads), Python {platform.python_version()}")
+
+
+def _fmt(r: dict | None, key: str, unit: str = "") -> str:
+    if r is None:
+        return "not run (quadratic)"
+    if "error" in r:
+        return f"failed: {r['error']}"
+    return f"{r[key]:.2f}{unit}" if key == "seconds" else f"{r[key]:.0f}{unit}"
+
+
+def report(results: list[dict], sizes: list[int], train_n: int) -> str:
+    get = lambda m, n, mode: next((r for r in results if (r["mechanism"], r["n"], r["mode"]) == (m, n, mode)), None)
+    mechs = ["hept", "hept-materialized", "full", "kernel"]
+    lines = [f"Machine: {machine()}", "",
+             "### HEPT tracking model (4 layers), forward, batch 1, float32, eval mode", "",
+             "| N | " + " | ".join(f"{m} s" for m in mechs) + " | "
+             + " | ".join(f"{m} peak MB" for m in mechs) + " | materialized / hept | full / hept |",
+             "|" + "---|" * (2 * len(mechs) + 3)]
+    for n in sizes:
+        rs = [get(m, n, "forward") for m in mechs]
+        ok = lambda r: r is not None and "error" not in r
+        ratio = lambda r: f"{r['seconds'] / rs[0]['seconds']:.1f}×" if ok(r) and ok(rs[0]) else "—"
+        lines.append(f"| {n} | " + " | ".join(_fmt(r, "seconds") for r in rs) + " | "
+                     + " | ".join(_fmt(r, "peak_mb") for r in rs) + f" | {ratio(rs[1])} | {ratio(rs[2])} |")
+    lines += ["", f"### Training step (forward + backward) at N = {train_n}", "",
+              "| mechanism | seconds | peak MB | peak / full |", "|---|---|---|---|"]
+    full = get("full", train_n, "train")
+    for m in ("hept", "hept-materialized", "full"):
+        r = get(m, train_n, "train")
+        rel = f"{r['peak_mb'] / full['peak_mb']:.2f}" if r and full and "error" not in r and "error" not in full else "—"
+        lines.append(f"| {m} | {_fmt(r, 'seconds')} | {_fmt(r, 'peak_mb')} | {rel} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(prog="pointformers benchmark", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[6000, 20000, 60000])
+    p.add_argument("--train-n", type=int, default=10000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per measurement")
+    p.add_argument("--write", default=None, help="write the report into this markdown file")
+    p.add_argument("--worker", nargs=4, default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.worker:
+        m, n, mode, rep = a.worker
+        print(json.dumps(worker(m, int(n), mode, int(rep))))
+        return ""
+    if any(n < 1 for n in a.sizes) or a.train_n < 1:
+        raise SystemExit("pointformers benchmark: --sizes and --train-n must be positive")
+    results = []
+    for n in a.sizes:
+        for m in ("hept", "hept-materialized", "full", "kernel"):
+            if m in ("full", "kernel") and n > QUADRATIC_MAX_N:
+                continue
+            rep = 1 if (m != "hept" and n > 10000) else a.repeats
+            results.append(run_one(m, n, "forward", rep, a.timeout))
+            print(json.dumps(results[-1]), flush=True)
+    for m in ("hept", "hept-materialized", "full"):
+        results.append(run_one(m, a.train_n, "train", 1, a.timeout))
+        print(json.dumps(results[-1]), flush=True)
+    text = report(results, a.sizes, a.train_n)
+    print(text)
+    if a.write:
+        _write_section(a.write, text, " ".join(["pointformers benchmark"] + (argv or sys.argv[1:])))
+    return text
+
+
+def _write_section(path: str, text: str, command: str) -> None:
+    """Replace the generated section of ``path`` (atomically), keeping the rest of the file."""
+    start, end = "<!-- speed:begin -->", "<!-- speed:end -->"
+    old = open(path).read() if os.path.exists(path) else ""
+    body = f"{start}\nGenerated by `{command}`.\n\n{text}\n{end}"
+    new = old[:old.index(start)] + body + old[old.index(end) + len(end):] if start in old and end in old \
+        else (old + "\n\n" + body + "\n")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(new)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()
