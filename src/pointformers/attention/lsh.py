@@ -1,0 +1,138 @@
+"""LSH attention without coordinate codes: the ablations of HEPT's Table 3.
+
+The same kernel as HEPT (exp(−½‖q̂ − k̂‖²) on coordinate-augmented q/k) and the same
+block computation, but the buckets come only from E2LSH hashes of the q̂/k̂ vectors:
+
+* ``n_and = 1`` (default, registry key ``lsh_or``): OR-only LSH, Reformer/SMYRF-style — each
+  of the m₁ tables sorts queries and keys by their own base hash a·q̂ / a·k̂.
+* ``n_and = m₂ ≥ 2``: OR & AND without coordinates — m₂ − 1 further hashes per table are
+  bucketed into equal-count buckets over the 2n query and key values (paper §4.2; spec §9.19),
+  B_ij random with Π_j B_ij = G, and combined with the base hash as T = L + Δ·code.
+* ``tied=True``: q = k (as in Reformer), which realigns query and key buckets (the * rows).
+
+Without coordinates in the codes, separately sorted query and key blocks can come from
+different regions — the misalignment HEPT's coordinate codes remove. The hash projections
+and bucket counts are drawn at init, frozen and saved in the state_dict.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .block_attention import DEFAULT_CHUNK_ELEMS, sorted_block_attention
+from .hept import masked_range
+from .kernel import KernelAttention
+from .registry import register
+
+
+def sample_bucket_counts(num_regions: float, n_tables: int, n_aux: int,
+                         generator: torch.Generator | None = None) -> torch.Tensor:
+    """(n_tables, n_aux) random bucket counts with Π_j B_ij ≈ G, each ≥ 1, rounded to 1/3."""
+    if n_aux == 0:
+        return torch.zeros(n_tables, 0)
+    per = num_regions ** (1.0 / n_aux)
+    lb, ub = 2.0, max(2.0, 2.0 * per - 2.0)
+    b = lb + (ub - lb) * torch.rand(n_tables, n_aux, generator=generator)
+    b = b * (num_regions / b.prod(-1, keepdim=True)) ** (1.0 / n_aux)
+    return (torch.round(b * 3) / 3).clamp_min(1.0)
+
+
+def _equal_count_buckets(values: torch.Tensor, valid: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Bucket index in 1..B by rank among the real values of each row.
+
+    values: (R, M) with invalid entries anywhere; valid: (R, M); counts: (R,) float B.
+    Each run of ceil(m / B) consecutive ranks (m = real values in the row) gets one bucket.
+    Equal values share their lowest rank, so a tied query and key (q = k) share a bucket.
+    """
+    v = values.masked_fill(~valid, float("inf"))
+    ranks = torch.searchsorted(v.sort(-1).values.contiguous(), v.contiguous())
+    m = valid.sum(-1, keepdim=True).to(counts.dtype)
+    size = torch.ceil(m / counts[:, None]).clamp_min(1).to(torch.int64)
+    return torch.div(ranks, size, rounding_mode="floor") + 1
+
+
+@register("lsh_or")
+class LSHAttention(KernelAttention):
+    """OR-only (or OR & AND) E2LSH block attention on the HEPT kernel, without coordinate codes.
+
+    Args:
+        dim, heads, head_dim, coord_dim, tie_first_two, omega_init: as :class:`KernelAttention`.
+        block_size: b. n_hashes: OR tables m₁. n_and: hash functions per table m₂ (1 = OR-only).
+        num_regions: G = Π_j B_ij for the aux codes (used when n_and ≥ 2).
+        tied: share the query and key projection (q = k), as in Reformer.
+    Shapes: x (B, N, D), pos (B, N, c), mask (B, N) -> (B, N, D).
+    """
+
+    def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, coord_dim: int = 2,
+                 block_size: int = 100, n_hashes: int = 3, n_and: int = 1, num_regions: float = 150,
+                 tied: bool = False, tie_first_two: bool = True, omega_init: float = 10.0,
+                 chunk_elems: int = DEFAULT_CHUNK_ELEMS, generator: torch.Generator | None = None):
+        for name, val in (("block_size", block_size), ("n_hashes", n_hashes), ("n_and", n_and)):
+            if not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name} must be a positive int, got {val!r}")
+        super().__init__(dim, heads, head_dim, coord_dim, tie_first_two, omega_init)
+        self.block_size, self.n_hashes, self.n_and, self.tied = block_size, n_hashes, n_and, bool(tied)
+        self.chunk_elems = chunk_elems
+        if self.tied:
+            del self.w_k  # q = k: one projection
+        D = self.head_dim + coord_dim
+        self.register_buffer("alpha", torch.randn(heads, D, n_hashes, n_and, generator=generator))
+        self.register_buffer("bucket_counts", sample_bucket_counts(num_regions, n_hashes, n_and - 1, generator))
+
+    def augmented_qkv(self, x, pos, mask):
+        if not self.tied:
+            return super().augmented_qkv(x, pos, mask)
+        B, N, _ = x.shape
+        H, d = self.heads, self.head_dim
+        q = self.w_q(x).view(B, N, H, d)
+        v = self.w_v(x).view(B, N, H, d)
+        rho = (2.0 * self.omega()).sqrt().to(x.dtype) * pos.to(x.dtype).unsqueeze(2)
+        keep = mask[:, :, None, None]
+        q = torch.cat([q, rho], -1).masked_fill(~keep, 0.0).transpose(1, 2)
+        return q, q, v.masked_fill(~keep, 0.0).transpose(1, 2)
+
+    def sort_keys(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor):
+        """Sort keys T (B, T, H, Np) for queries and keys. q, k (B, H, Np, D)."""
+        with torch.no_grad():
+            alpha = self.alpha.to(q.dtype)
+            lq = torch.einsum("bhnd,hdtj->bthjn", q, alpha)  # (B, T, H, m2, Np)
+            lk = torch.einsum("bhnd,hdtj->bthjn", k, alpha)
+            tq, tk = lq[..., 0, :], lk[..., 0, :]
+            if self.n_and > 1:
+                B, T, H, m2, Np = lq.shape
+                both = torch.cat([lq[..., 1:, :], lk[..., 1:, :]], -1)  # (B, T, H, m2−1, 2Np)
+                valid = torch.cat([mask, mask], -1)[:, None, None, None, :].expand_as(both)
+                counts = self.bucket_counts.to(both.dtype)[None, :, None, :].expand(B, T, H, m2 - 1)
+                r = _equal_count_buckets(both.reshape(-1, 2 * Np), valid.reshape(-1, 2 * Np),
+                                         counts.reshape(-1)).view(B, T, H, m2 - 1, 2 * Np)
+                radix = torch.cumprod(torch.cat([torch.ones_like(self.bucket_counts[:, :1]),
+                                                 torch.ceil(self.bucket_counts[:, :-1])], 1), 1)  # (T, m2−1)
+                code = ((r - 1).to(q.dtype) * radix.to(q.dtype)[None, :, None, :, None]).sum(3)  # (B, T, H, 2Np)
+                delta = masked_range(tq, tk, mask)
+                tq = tq + delta * code[..., :Np]
+                tk = tk + delta * code[..., Np:]
+            pad = ~mask[:, None, None, :]
+            return tq.masked_fill(pad, float("inf")), tk.masked_fill(pad, float("inf"))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                **unused) -> torch.Tensor:
+        mask = self.check(x, pos, mask, "lsh_or")
+        B, N, _ = x.shape
+        b = self.block_size
+        Np = -(-N // b) * b
+        if Np != N:
+            x = torch.cat([x, x.new_zeros(B, Np - N, x.shape[-1])], 1)
+            pos = torch.cat([pos, pos.new_zeros(B, Np - N, pos.shape[-1])], 1)
+            mask = torch.cat([mask, mask.new_zeros(B, Np - N)], 1)
+        q, k, v = self.augmented_qkv(x, pos, mask)  # (B, H, Np, ·)
+        tq, tk = self.sort_keys(q, k, mask)
+        H = self.heads
+        base = (torch.arange(B, device=x.device).view(B, 1, 1, 1) * H + torch.arange(H, device=x.device).view(1, 1, H, 1)) * Np
+        iq = (torch.argsort(tq, dim=-1, stable=True) + base).transpose(1, 2).reshape(B * H, self.n_hashes, Np)
+        ik = (torch.argsort(tk, dim=-1, stable=True) + base).transpose(1, 2).reshape(B * H, self.n_hashes, Np)
+        D = q.shape[-1]
+        valid = mask[:, None, :].expand(B, H, Np).reshape(-1)
+        o = sorted_block_attention(q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, self.head_dim), valid,
+                                   iq, ik, b, self.chunk_elems)
+        return self.merge_heads(o.view(B, H, Np, self.head_dim), mask)[:, :N]
