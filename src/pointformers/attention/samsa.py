@@ -1,0 +1,280 @@
+"""SAMSA — SAMpling-Self-Attention (papers/002, specs/samsa.md).
+
+Every head scores every token (a token-wise MLP d → d_imp → h, one score per head: "mixture of
+attention experts"), and all n queries of that head attend with ordinary softmax attention
+(``scaled_dot_product_attention``) to the k best key/value tokens of the head:
+
+* **training**: ``z = s + g``, g ~ Gumbel(0, 1) i.i.d. per (cloud, head, candidate); the top 2k of z
+  are split into the selected S (ranks 1..k) and the runners-up R (ranks k+1..2k). Each selected
+  token j competes with the runners-up through a soft proxy ``W_soft`` (k × 2k, rows sum to 1):
+
+  - ``proxy="pairwise_sigmoid"`` (§4.2 equation and prose, default):
+    ``p[j, g] = σ((z_{S_j} − z_{R_g}) / τ)``, ``soft_j = mean_g p[j,g]·x_{S_j} + Σ_g (1 − p[j,g])/k·x_{R_g}``;
+  - ``proxy="softmax_group"`` (Algorithm 2): a (k+1)-way softmax of z/τ over {S_j} ∪ R.
+
+  ``mode="hard"`` (SAMSA-hard, τ = 1.0): straight-through — the forward value is the exact top-k
+  gather, the scores get the gradient of W_soft, the keys/values get it through the hard gather
+  (Alg. 2's ``(Onehot − P).detach() + P``; the printed ``− P`` is a sign typo).
+  ``mode="soft"`` (SAMSA-soft, τ = 0.1): no reparameterization, the keys/values *are* the soft
+  mixture ``W_soft · KV[top-2k]``.
+* **eval**: no noise. Hard models gather the plain top-k (P is never materialised); soft models keep
+  the soft top-2k mixture by default (``eval_soft``; the paper's timings suggest so, spec §2.6).
+* **support vectors** (§4.3): per head, 2k learnable key/value vectors with learnable scores join
+  the candidates (after the real tokens), so top-2k is always defined, even for a cloud of one
+  point; padded tokens score ``-inf`` and are never selected.
+
+Randomness: frozen at init — nothing but the weights (support vectors ~ N(0, 0.02²), scores 0).
+Resampled per forward in training — the Gumbel noise only. ``eval()`` is deterministic; ranking
+uses a stable sort (ties in index order, real tokens before support vectors) so that a cloud gives
+the same output alone or in a padded batch.
+"""
+from __future__ import annotations
+
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import TokenMixer, check_attention_inputs
+from .registry import register
+from .sampling import NEG_INF, gather_rows, gumbel_noise, stable_descending_order, work_dtype
+
+
+def samsa_select(z: torch.Tensor, kv: torch.Tensor, k: int, *, tau: float, mode: str = "hard",
+                 proxy: str = "pairwise_sigmoid", training: bool = True, eval_soft: bool = True,
+                 kv_grad: str = "hard") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SAMSA's differentiable top-k without replacement, per (batch, head) row.
+
+    Args:
+        z: (..., M) scores with the Gumbel noise already added in training; ``-inf`` marks
+            non-candidates (padding), which are never selected.
+        kv: (..., M, C) candidate rows (keys and values packed).
+        k: rows to select.
+        tau: temperature of the soft proxy.
+        mode: ``"hard"`` (straight-through) or ``"soft"`` (soft mixture in the forward pass).
+        proxy: ``"pairwise_sigmoid"`` or ``"softmax_group"``.
+        training: the soft proxy is built in training (and in eval for soft mode with ``eval_soft``);
+            otherwise a plain top-k gather.
+        eval_soft: soft mode keeps the soft mixture outside training.
+        kv_grad: for hard mode, ``"hard"`` — kv gets the gradient of the hard gather (Alg. 2 matrix
+            form, default); ``"soft"`` — kv gets the gradient of the soft mixture (literal ∇S ≜ ∇S_soft).
+    Returns:
+        kvs (..., k, C) in kv's dtype; idx (..., k) the selected rows (ranks 1..k of z);
+        key_valid (..., k) bool, False only where fewer than k candidates exist.
+    The proxy's weights are computed in z's dtype; memory O(k²) per row, never O(k·M).
+    """
+    M = z.shape[-1]
+    if M < 2 * k:  # only without support vectors: pad with non-candidates
+        z = F.pad(z, (0, 2 * k - M), value=NEG_INF)
+        kv = F.pad(kv, (0, 0, 0, 2 * k - M))
+    zsort, order = stable_descending_order(z)
+    if not (training or (mode == "soft" and eval_soft)):
+        idx = order[..., :k]
+        return gather_rows(kv, idx), idx, torch.isfinite(zsort[..., :k])
+    idx2, z2 = order[..., :2 * k], zsort[..., :2 * k]
+    valid2 = torch.isfinite(z2)
+    z2 = torch.where(valid2, z2, torch.zeros_like(z2))
+    kv2 = gather_rows(kv, idx2).to(z.dtype)
+    zs, zr = z2[..., :k], z2[..., k:]
+    vs, vr = valid2[..., :k], valid2[..., k:]
+    if proxy == "pairwise_sigmoid":
+        p = torch.sigmoid((zs.unsqueeze(-1) - zr.unsqueeze(-2)) / tau)        # (..., k, k)
+        p = torch.where(vr.unsqueeze(-2), p, torch.ones_like(p))              # absent runner-up: no contest
+        w_sel, w_rej = p.mean(-1), (1.0 - p) / k
+    elif proxy == "softmax_group":
+        ls = zs / tau                                                          # (..., k)
+        lr = (zr / tau).masked_fill(~vr, NEG_INF)                              # (..., k)
+        mx = torch.maximum(ls, lr.max(-1, keepdim=True).values)
+        es = torch.exp(ls - mx)
+        er = torch.exp(lr.unsqueeze(-2) - mx.unsqueeze(-1))                    # (..., k, k)
+        den = es + er.sum(-1)
+        w_sel, w_rej = es / den, er / den.unsqueeze(-1)
+    else:
+        raise ValueError(f"proxy must be 'pairwise_sigmoid' or 'softmax_group', got {proxy!r}")
+    kv_sel, kv_rej = kv2[..., :k, :], kv2[..., k:, :]
+
+    def mix(ws, wr, a, b):  # W_soft @ [a; b] with W_soft = [diag(ws) | wr]
+        return ws.unsqueeze(-1) * a + torch.matmul(wr, b)
+
+    if mode == "soft":
+        out = mix(w_sel, w_rej, kv_sel, kv_rej)
+    elif kv_grad == "hard":   # kv_sel + (W − W.detach()) @ KV2: zero in value, ∇ to the scores only
+        out = kv_sel + mix(w_sel - w_sel.detach(), w_rej - w_rej.detach(), kv_sel.detach(), kv_rej.detach())
+    else:
+        soft = mix(w_sel, w_rej, kv_sel, kv_rej)
+        out = kv_sel.detach() + (soft - soft.detach())
+    return out.to(kv.dtype), order[..., :k], vs
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x²) + eps) · weight over the last dim."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+@register("samsa")
+class SAMSAAttention(TokenMixer):
+    """SAMSA sampled multi-head softmax attention (the token mixer; norm, ReZero and FFN in :class:`SAMSABlock`).
+
+    Args:
+        dim: model width D.
+        heads: number of heads h (each samples its own tokens).
+        k: sampled tokens per head.
+        head_dim: per-head width d_h (default D // h, or D when h does not divide D).
+        mode: ``"hard"`` or ``"soft"`` (module docstring).
+        tau: Gumbel temperature (default 1.0 for hard, 0.1 for soft, as in the paper).
+        proxy: ``"pairwise_sigmoid"`` (default) or ``"softmax_group"`` (Algorithm 2).
+        support: add the 2k learnable support key/value vectors with learnable scores per head.
+            Without them, a cloud with fewer than k real points attends to its real points only.
+        eval_soft: soft models keep the soft top-2k mixture in eval (default True).
+        kv_grad: hard mode, where K/V gradients flow: ``"hard"`` (default) or ``"soft"``.
+        imp_hidden: hidden width of the importance MLP (default D).
+        gumbel: add Gumbel noise to the scores in training.
+        bias: biases on the Q/K/V projections (the output projection always has one).
+    Shapes: x (B, N, D), mask (B, N) -> (B, N, D), padded rows zero. ``pos`` is accepted and ignored
+    (coordinates are token features here). Keyword ``score_x`` (B, N, D): score another tensor than
+    x (Algorithm 1 scores the un-normalised X; :class:`SAMSABlock` passes it with
+    ``score_input="raw"``). Cost O(N·k·D) time and O(N·k·h) memory; O(k²·h) for the proxy.
+    """
+
+    def __init__(self, dim: int, heads: int = 4, k: int = 256, head_dim: int | None = None, mode: str = "hard",
+                 tau: float | None = None, proxy: str = "pairwise_sigmoid", support: bool = True,
+                 eval_soft: bool = True, kv_grad: str = "hard", imp_hidden: int | None = None,
+                 gumbel: bool = True, bias: bool = True):
+        super().__init__(dim, heads)
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        if mode not in ("hard", "soft"):
+            raise ValueError(f"mode must be 'hard' or 'soft', got {mode!r}")
+        if proxy not in ("pairwise_sigmoid", "softmax_group"):
+            raise ValueError(f"proxy must be 'pairwise_sigmoid' or 'softmax_group', got {proxy!r}")
+        if kv_grad not in ("hard", "soft"):
+            raise ValueError(f"kv_grad must be 'hard' or 'soft', got {kv_grad!r}")
+        tau = (1.0 if mode == "hard" else 0.1) if tau is None else tau
+        if not tau > 0:
+            raise ValueError(f"tau must be > 0, got {tau!r}")
+        self.k, self.mode, self.tau, self.proxy = k, mode, float(tau), proxy
+        self.support, self.eval_soft, self.kv_grad, self.gumbel = support, eval_soft, kv_grad, gumbel
+        self.head_dim = head_dim or (dim // heads if dim % heads == 0 else dim)
+        inner = heads * self.head_dim
+        self.w_q = nn.Linear(dim, inner, bias=bias)
+        self.w_k = nn.Linear(dim, inner, bias=bias)
+        self.w_v = nn.Linear(dim, inner, bias=bias)
+        self.out_linear = nn.Linear(inner, dim)
+        hid = imp_hidden or dim
+        self.importance = nn.Sequential(nn.Linear(dim, hid), nn.GELU(), nn.Linear(hid, heads))
+        if support:
+            self.support_kv = nn.Parameter(torch.randn(heads, 2 * k, 2 * self.head_dim) * 0.02)
+            self.support_score = nn.Parameter(torch.zeros(heads, 2 * k))
+
+    def scores(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-head importance scores (B, h, N) in the work dtype, ``-inf`` at padding."""
+        s = self.importance(x).to(work_dtype(x.dtype)).transpose(1, 2)
+        return s.masked_fill(~mask[:, None, :], NEG_INF)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
+                score_x: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                **unused) -> torch.Tensor:
+        """x (B, N, D), mask (B, N) -> (B, N, D). ``generator``: RNG for the training noise."""
+        mask = check_attention_inputs(x, pos, mask, dim=self.dim, who="samsa")
+        keep = mask.unsqueeze(-1)
+        if score_x is not None:
+            if not isinstance(score_x, torch.Tensor) or score_x.shape != x.shape:
+                raise ValueError(f"samsa: score_x must have the shape of x {tuple(x.shape)}, got "
+                                 f"{tuple(getattr(score_x, 'shape', ())) or type(score_x).__name__}")
+            if not bool(torch.isfinite(score_x[mask]).all()):
+                raise ValueError("samsa: score_x contains NaN or inf at real points")
+            score_x = score_x.masked_fill(~keep, 0.0)
+        x = x.masked_fill(~keep, 0.0)
+        B, N, _ = x.shape
+        H, d = self.heads, self.head_dim
+        q = self.w_q(x).view(B, N, H, d).transpose(1, 2)
+        kv = torch.cat([self.w_k(x).view(B, N, H, d), self.w_v(x).view(B, N, H, d)], -1).transpose(1, 2)  # (B,H,N,2d)
+        s = self.scores(x if score_x is None else score_x, mask)                                         # (B,H,N)
+        if self.support:
+            kv = torch.cat([kv, self.support_kv.to(kv.dtype).expand(B, -1, -1, -1)], dim=2)              # (B,H,M,2d)
+            s = torch.cat([s, self.support_score.to(s.dtype).expand(B, -1, -1)], dim=2)                 # (B,H,M)
+        if self.training and self.gumbel:
+            s = s + gumbel_noise(tuple(s.shape), dtype=s.dtype, device=s.device, generator=generator)
+        kvs, _, key_valid = samsa_select(s, kv, self.k, tau=self.tau, mode=self.mode, proxy=self.proxy,
+                                         training=self.training, eval_soft=self.eval_soft, kv_grad=self.kv_grad)
+        ks, vs = kvs.split(d, dim=-1)
+        attn_mask = None if bool(key_valid.all()) else key_valid[:, :, None, :]
+        o = F.scaled_dot_product_attention(q, ks, vs, attn_mask=attn_mask)                               # (B,H,N,d)
+        y = self.out_linear(o.transpose(1, 2).reshape(B, N, H * d))
+        return self.zero_padding(y, mask)
+
+
+class SAMSABlock(nn.Module):
+    """SAMSA layer (Algorithm 1): pre-RMSNorm, sampled attention and FFN, ReZero residuals.
+
+    ``parallel=True`` (Alg. 1 as printed)::
+
+        X̂ = RMSNorm(X);  X ← X + α·Attn(X̂);  X ← X + α·FFN(X̂)
+
+    ``parallel=False``: the FFN reads ``RMSNorm₂(X)`` after the attention residual instead.
+    α is a zero-initialised learnable scalar shared by all layers and both branches; a lone block
+    owns one, :class:`SAMSAEncoder` passes its shared α to every block.
+
+    Args:
+        dim, heads, k: as :class:`SAMSAAttention`.
+        ffn_mult: FFN expansion (GELU, 4).
+        parallel: see above.
+        score_input: ``"normed"`` (score X̂, default, spec §8.8) or ``"raw"`` (score X, Alg. 1 line 7).
+        dropout: residual dropout (0).
+        **attn_options: passed to :class:`SAMSAAttention` (mode, tau, proxy, support, ...).
+    Shapes: x (B, N, D), mask (B, N) -> (B, N, D), padded rows zero.
+    """
+
+    def __init__(self, dim: int, heads: int = 4, k: int = 256, ffn_mult: int = 4, parallel: bool = True,
+                 score_input: str = "normed", dropout: float = 0.0, own_rezero: bool = True, **attn_options):
+        super().__init__()
+        if score_input not in ("normed", "raw"):
+            raise ValueError(f"score_input must be 'normed' or 'raw', got {score_input!r}")
+        self.parallel, self.score_input = parallel, score_input
+        self.norm = RMSNorm(dim)
+        self.norm2 = None if parallel else RMSNorm(dim)
+        self.attn = SAMSAAttention(dim, heads=heads, k=k, **attn_options)
+        self.ffn = nn.Sequential(nn.Linear(dim, ffn_mult * dim), nn.GELU(), nn.Linear(ffn_mult * dim, dim))
+        self.dropout = nn.Dropout(dropout)
+        self.alpha = nn.Parameter(torch.zeros(())) if own_rezero else None
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
+                alpha: torch.Tensor | None = None, **attn_kwargs) -> torch.Tensor:
+        mask = check_attention_inputs(x, pos, mask, dim=self.attn.dim, who="samsa block")
+        alpha = self.alpha if alpha is None else alpha
+        if alpha is None:
+            raise ValueError("samsa block: built with own_rezero=False, so the shared alpha must be passed")
+        keep = mask.unsqueeze(-1)
+        x = x.masked_fill(~keep, 0.0)
+        xh = self.norm(x)
+        score_x = x if self.score_input == "raw" else None
+        x = x + alpha * self.dropout(self.attn(xh, pos, mask, score_x=score_x, **attn_kwargs))
+        x = x + alpha * self.dropout(self.ffn(xh if self.parallel else self.norm2(x)))
+        return x.masked_fill(~keep, 0.0)
+
+
+class SAMSAEncoder(nn.Module):
+    """A stack of :class:`SAMSABlock` sharing one ReZero scalar α (init 0) across all layers.
+
+    Args: dim, depth, heads, k, and ``**block_options`` for every block.
+    Shapes: x (B, N, D), mask (B, N) -> (B, N, D).
+    """
+
+    def __init__(self, dim: int, depth: int, heads: int = 4, k: int = 256, **block_options):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(()))
+        self.blocks = nn.ModuleList(SAMSABlock(dim, heads=heads, k=k, own_rezero=False, **block_options)
+                                    for _ in range(depth))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                **attn_kwargs) -> torch.Tensor:
+        for blk in self.blocks:
+            x = blk(x, pos, mask, alpha=self.alpha, **attn_kwargs)
+        return x

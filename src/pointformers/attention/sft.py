@@ -1,0 +1,516 @@
+"""SFT — Sampling Foundational Transformer attention (papers/004, specs/sft.md).
+
+Per layer, all n queries attend to k **soft duplets** of sampled tokens:
+
+1. **Sampler** (§4.2, spec §2.5–2.6). A learned score ``z = Linear_S(x)`` (d → 1, shared by all
+   heads) plus Gumbel(0, 1) noise in training ranks the real points of each cloud. The k best form
+   S₁, k others form S₂ (S₁ ∩ S₂ = ∅, no duplicates); bin j pairs S₁[j] with S₂[j] and mixes them
+   as ``p_j·x_{S₁[j]} + (1−p_j)·x_{S₂[j]}`` with the Softplus-power ratio
+   ``p_j = SP(z̃₁)^{1/τ} / (SP(z̃₁)^{1/τ} + SP(z̃₂)^{1/τ}) ∈ [0.5, 1]`` (Eq. 9, same noisy z̃ that
+   ranked them). K, V and the leak C are projected from the k mixed tokens (Table 7 cost scaling).
+2. **Leaky-ReLU maxout attention** (§4.3, spec §3.3)::
+
+       A[i,j] = (Σ_c max(Q_ic, K_jc) / √d_h) · R_mul[i,j] + R_add[i,j]
+       P[i,j] = ReLU(A[i,j]) / (Σ_r ReLU(A[i,r]) + Σ_r Softplus(C_r) + ε)      (leak per key, summed)
+
+   so every row sums to < 1 (the missing mass is a null key with zero value): this is what makes
+   an all-ones input gain rank over layers ("rank injection"), see :class:`SFTEncoder`. The maxout
+   sum is computed through ``max(a, b) = (a + b + |a − b|) / 2``:
+   ``Σ_c max(Q_ic, K_jc) = ½(ΣQ_i + ΣK_j + ‖Q_i − K_j‖₁)`` with ``torch.cdist(p=1)`` forward and a
+   chunked backward, so nothing of size B·h·n·k·d_h is materialised (only B·h·n·k attention maps).
+3. **Relative features** (``rpe``), transformed per head by separate Linear_{R_mul}/Linear_{R_add}
+   (r → h) for the S₁ and the S₂ member of each bin and mixed with (p, 1 − p) (the paper's 7 steps):
+
+   * ``"points"``: ``[‖x_i − x_j‖², n_i·n_j]`` from ``pos = [xyz, normals]``; the last
+     ``normal_dims`` columns of ``pos`` are the normals (0: no normals, r = 1), the rest coordinates;
+   * ``"sequence"``: learnable linear combination S' = W_pe·Sinusoid1D(position) and the Hadamard
+     feature S'_i ⊙ S'_j, whose linear map is the bilinear form ``(S'_i ⊙ w_h)·S'_j`` computed by
+     matmul (the (n, k, d_pe) tensor is never built); positions are ``pos[..., 0]`` or 0..N−1;
+   * ``"graph"``: a dense edge tensor ``edge_attr`` (B, N, N, r) passed as a keyword argument to
+     ``forward``, gathered at the sampled columns.
+
+Randomness: frozen at init — nothing but the weights. Resampled per forward in training — the
+Gumbel noise on the scores, the random partners S₂, the drop-token mask and the Q/K dropout.
+``eval()`` is deterministic: no noise, no drop-token, no dropout, and S₂ is taken at evenly spaced
+ranks of the rest ("stratified": rank k + ⌊(j + ½)·m/k⌋ of the m ranked leftovers, the deterministic
+counterpart of a uniform draw), so a cloud gives the same output alone or in a padded batch.
+The paper never describes inference; the spec (§2.8) suggests soft duplets without noise, which is
+the default (``hard_eval=True`` uses S₁ alone).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import TokenMixer, check_attention_inputs
+from .registry import register
+from .sampling import NEG_INF, gather_rows, gumbel_noise, softplus_power_ratio, stable_descending_order, work_dtype
+
+_RPE_KINDS = ("none", "points", "sequence", "graph")
+
+
+# --------------------------------------------------------------------------------------------
+# Maxout score
+# --------------------------------------------------------------------------------------------
+class _MaxoutScore(torch.autograd.Function):
+    """``S[g, i, j] = Σ_c max(q[g, i, c], k[g, j, c])`` via the L1 identity; chunked backward."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, chunk_elems: int) -> torch.Tensor:
+        ctx.save_for_backward(q, k)
+        ctx.chunk_elems = chunk_elems
+        l1 = torch.cdist(q, k, p=1.0)  # (G, n, m); CPU/CUDA kernels loop over pairs, no broadcast buffer
+        return 0.5 * (q.sum(-1, keepdim=True) + k.sum(-1).unsqueeze(-2) + l1)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        q, k = ctx.saved_tensors
+        G, n, d = q.shape
+        m = k.shape[1]
+        need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        # d max(a, b)/da = (1 + sign(a − b)) / 2 (½ at ties, as torch.maximum); chunk over queries so
+        # that the sign tensor holds at most chunk_elems elements.
+        rows = max(1, ctx.chunk_elems // max(1, G * m * d))
+        gq = torch.empty_like(q) if need_q else None
+        gk = torch.zeros_like(k) if need_k else None
+        for s in range(0, n, rows):
+            gs = g[:, s:s + rows]                                       # (G, c, m)
+            sign = torch.sign(q[:, s:s + rows, None, :] - k[:, None, :, :])  # (G, c, m, d)
+            gsign = torch.matmul(gs.unsqueeze(-2), sign).squeeze(-2) if need_q else None  # (G, c, d)
+            if need_q:
+                gq[:, s:s + rows] = 0.5 * (gs.sum(-1, keepdim=True) + gsign)
+            if need_k:
+                gk += 0.5 * (gs.sum(1).unsqueeze(-1) - torch.einsum("gcm,gcmd->gmd", gs, sign))
+        return gq, gk, None
+
+
+def maxout_scores(q: torch.Tensor, k: torch.Tensor, chunk_elems: int = 1 << 22) -> torch.Tensor:
+    """Pairwise maxout ``Σ_c max(q_ic, k_jc)`` for q (..., n, d), k (..., m, d) -> (..., n, m).
+
+    Memory: O(n·m) outputs plus a backward work buffer of at most ``chunk_elems`` elements.
+    (First-order gradients only.)
+    """
+    lead = q.shape[:-2]
+    out = _MaxoutScore.apply(q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]), chunk_elems)
+    return out.reshape(*lead, q.shape[-2], k.shape[-2])
+
+
+def maxout_scores_dense(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Reference: the literal broadcast ``max(q[:, None], k[None]).sum(-1)`` (materialises n·m·d)."""
+    return torch.maximum(q[..., :, None, :], k[..., None, :, :]).sum(-1)
+
+
+# --------------------------------------------------------------------------------------------
+# Sampler
+# --------------------------------------------------------------------------------------------
+class SFTSample(NamedTuple):
+    """Result of :class:`SFTSampler` for a batch; k' = min(k, N) bins.
+
+    idx_top: (B, k') long, S₁ (rank j of the noisy score in bin j).
+    idx_rand: (B, k') long, S₂ (the partner of bin j; equals idx_top where there is none).
+    p: (B, k') bin probability of the S₁ member, in [0.5, 1]; 1 where there is no partner.
+    key_valid: (B, k') bool, bin holds a real (non-dropped) point; invalid bins are masked keys.
+    partner_valid: (B, k') bool, bin has an S₂ member.
+    scores: (B, N) noisy scores z + g used for ranking (``-inf`` at padding / dropped points).
+    """
+
+    idx_top: torch.Tensor
+    idx_rand: torch.Tensor
+    p: torch.Tensor
+    key_valid: torch.Tensor
+    partner_valid: torch.Tensor
+    scores: torch.Tensor
+
+
+class SFTSampler(nn.Module):
+    """SFT's differentiable sampler without replacement: top-k S₁ + k disjoint partners S₂ in binary bins.
+
+    Args:
+        dim: token width d (the score is ``Linear_S: d → 1``, shared across heads).
+        k: number of bins (sampled tokens).
+        tau: temperature of the Softplus-power ratio (paper: 1.0 throughout).
+        drop_token: "Drop Token Probability": in training each real point leaves the candidate pool
+            with this probability (it stays a query). The best-scored point is never dropped, so a
+            cloud always has a key. (The paper never defines it; spec §9 A5.)
+        partner: ``"random"`` — S₂ uniform among the points ranked after S₁ (paper: "k random
+            vectors"); deterministic stratified ranks in eval. ``"next"`` — ranks k+1..2k
+            (SAMSA-like), in training and eval.
+        gumbel: add Gumbel(0, 1) noise to the scores in training.
+    Shapes: x (B, N, d), mask (B, N) -> :class:`SFTSample`. Only real points are ranked; ties are
+    broken by index order (stable sort), so ranking is the same alone or padded.
+    Edge cases: a cloud with n ≤ k real points fills n bins and masks the rest; with k < n < 2k only
+    n − k bins get a partner, the others have p = 1.
+    """
+
+    def __init__(self, dim: int, k: int, tau: float = 1.0, drop_token: float = 0.0, partner: str = "random",
+                 gumbel: bool = True):
+        super().__init__()
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        if not tau > 0:
+            raise ValueError(f"tau must be > 0, got {tau!r}")
+        if not 0.0 <= drop_token < 1.0:
+            raise ValueError(f"drop_token must be in [0, 1), got {drop_token!r}")
+        if partner not in ("random", "next"):
+            raise ValueError(f"partner must be 'random' or 'next', got {partner!r}")
+        self.k, self.tau, self.drop_token, self.partner, self.gumbel = k, float(tau), float(drop_token), partner, gumbel
+        self.score = nn.Linear(dim, 1)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, generator: torch.Generator | None = None) -> SFTSample:
+        B, N, _ = x.shape
+        dev = x.device
+        wd = work_dtype(x.dtype)
+        z = self.score(x).squeeze(-1).to(wd)                                   # (B, N)
+        if self.training and self.gumbel:
+            z = z + gumbel_noise((B, N), dtype=wd, device=dev, generator=generator)
+        cand = mask
+        if self.training and self.drop_token > 0:
+            drop = torch.rand((B, N), device=dev, generator=generator) < self.drop_token
+            best = z.masked_fill(~mask, NEG_INF).argmax(-1)
+            drop[torch.arange(B, device=dev), best] = False
+            cand = mask & ~drop
+        z = z.masked_fill(~cand, NEG_INF)
+        _, order = stable_descending_order(z)                                   # (B, N)
+        n_c = cand.sum(-1)                                                      # (B,)
+        k = min(self.k, N)
+        j = torch.arange(k, device=dev)
+        idx_top = order[:, :k]
+        key_valid = j[None] < n_c[:, None]
+        m = (n_c - k).clamp(min=0)                                              # leftovers per cloud
+        partner_valid = j[None] < m[:, None]
+        R = N - k                                                               # leftover rank slots
+        if R == 0:
+            idx_rand = idx_top
+        else:
+            if self.partner == "random" and self.training:
+                keys = torch.rand((B, R), device=dev, generator=generator)
+                keys = keys.masked_fill(torch.arange(R, device=dev)[None] >= m[:, None], -1.0)
+                off = keys.topk(min(k, R), dim=-1).indices                      # real leftovers first
+                if off.shape[1] < k:
+                    off = F.pad(off, (0, k - off.shape[1]))
+            elif self.partner == "random":                                      # eval: stratified ranks
+                strat = torch.div((2 * j[None] + 1) * m[:, None], 2 * k, rounding_mode="floor")
+                off = torch.where(m[:, None] >= k, strat, j[None].expand(B, k))
+            else:                                                               # "next": ranks k..2k-1
+                off = j[None].expand(B, k)
+            off = torch.where(partner_valid, off, torch.zeros_like(off)).clamp(max=R - 1)
+            idx_rand = torch.where(partner_valid, order.gather(1, k + off), idx_top)
+        z1 = torch.where(key_valid, z.gather(1, idx_top), torch.zeros((), dtype=wd, device=dev))
+        z2 = torch.where(partner_valid, z.gather(1, idx_rand), torch.zeros((), dtype=wd, device=dev))
+        p = torch.where(partner_valid, softplus_power_ratio(z1, z2, self.tau), torch.ones((), dtype=wd, device=dev))
+        return SFTSample(idx_top, idx_rand, p, key_valid, partner_valid, z)
+
+
+# --------------------------------------------------------------------------------------------
+# Relative features
+# --------------------------------------------------------------------------------------------
+def sinusoid_1d(positions: torch.Tensor, dim: int, exponent: str = "paper") -> torch.Tensor:
+    """Sinusoid1D (SFT §D): S[i, 2j] = sin(i / 10000^{e_j}), S[i, 2j+1] = cos(i / 10000^{e_j}).
+
+    ``exponent="paper"``: e_j = j / d (as printed); ``"standard"``: e_j = 2j / d (Vaswani et al.).
+    positions (..., N) -> (..., N, dim); ``dim`` must be even.
+    """
+    j = torch.arange(dim // 2, device=positions.device, dtype=positions.dtype)
+    e = j / dim if exponent == "paper" else 2 * j / dim
+    ang = positions[..., None] / torch.pow(torch.tensor(10000.0, dtype=positions.dtype, device=positions.device), e)
+    return torch.stack([ang.sin(), ang.cos()], dim=-1).flatten(-2)
+
+
+def point_relative_features(pos_q: torch.Tensor, pos_k: torch.Tensor, normal_dims: int) -> torch.Tensor:
+    """``[‖x_i − x_j‖², n_i·n_j]`` for pos = [coords, normals]: (B, N, P), (B, k, P) -> (B, N, k, r).
+
+    r = 2 with normals (``normal_dims`` > 0), else 1. Both are SO(3)-invariant (and the first is
+    translation-invariant). The squared distance is formed from differences (no ‖a‖²+‖b‖²−2ab
+    cancellation); the temporary is (B, N, k, P − normal_dims).
+    """
+    c = pos_q.shape[-1] - normal_dims
+    d2 = (pos_q[..., None, :c] - pos_k[..., None, :, :c]).pow(2).sum(-1)
+    if normal_dims == 0:
+        return d2.unsqueeze(-1)
+    nd = torch.matmul(pos_q[..., c:], pos_k[..., c:].transpose(-1, -2))
+    return torch.stack([d2, nd], dim=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# The mixer
+# --------------------------------------------------------------------------------------------
+@register("sft")
+class SFTAttention(TokenMixer):
+    """SFT sampled leaky-ReLU maxout attention (the token mixer; residual and norms live in :class:`SFTBlock`).
+
+    Args:
+        dim: model width D.
+        heads: number of heads h.
+        k: sampled tokens (bins) per layer, shared by all heads.
+        head_dim: per-head width d_h (default D // h, or D when h does not divide D).
+        rpe: relative features: ``"none"``, ``"points"``, ``"sequence"`` or ``"graph"`` (module docstring).
+        normal_dims: for ``rpe="points"``, how many trailing ``pos`` columns are surface normals
+            (default 0: all columns are coordinates; use 3 with pos = [xyz, normals]).
+        edge_dim: for ``rpe="graph"``, channels r of ``edge_attr`` (B, N, N, r).
+        pe_dim: for ``rpe="sequence"``, sinusoid width d_pe (even; default D rounded up to even).
+        sinusoid_exponent: ``"paper"`` (j/d, as printed) or ``"standard"`` (2j/d).
+        leaky: add the learned leak Softplus(C) to the denominator (False: plain ReLU probability).
+        leak_mode: ``"per_key_sum"`` — C = Linear_C(sampled tokens) (k × h), summed over the valid
+            keys (default; matches the cost table and gives rank injection); ``"per_query"`` —
+            C = Linear_C(query token) (n × h), Appendix B's indexing.
+        tau: Softplus-power temperature τ of the sampler (1.0).
+        drop_token: the sampler's Drop Token Probability (training only).
+        partner: S₂ policy of :class:`SFTSampler` (``"random"`` or ``"next"``).
+        hard: straight-through duplets in training (forward uses S₁ alone, gradient through p).
+        hard_eval: in eval, use S₁ alone (p = 1) instead of soft duplets.
+        qk_dropout: "attention score dropout" on the Q and K vectors (training only).
+        bias: biases on the Q/K/V/C projections (needed for rank injection from an all-ones input).
+        eps: ε of the probability denominator.
+        dense_reference: compute the maxout by literal broadcast (slow; for tests).
+    Shapes: x (B, N, D), pos (B, N, P), mask (B, N) bool, edge_attr (B, N, N, r) -> (B, N, D), padded
+    rows zero. Cost O(N·k·(h·d_h + r)) time, O(N·k·h) memory; scores/probabilities are computed in
+    float32 (float64 stays float64) even for bfloat16 inputs.
+    """
+
+    def __init__(self, dim: int, heads: int = 8, k: int = 256, head_dim: int | None = None, rpe: str = "none",
+                 normal_dims: int = 0, edge_dim: int | None = None, pe_dim: int | None = None,
+                 sinusoid_exponent: str = "paper", leaky: bool = True, leak_mode: str = "per_key_sum",
+                 tau: float = 1.0, drop_token: float = 0.0, partner: str = "random", hard: bool = False,
+                 hard_eval: bool = False, qk_dropout: float = 0.0, bias: bool = True, eps: float = 1e-6,
+                 dense_reference: bool = False, chunk_elems: int = 1 << 22):
+        super().__init__(dim, heads)
+        if rpe not in _RPE_KINDS:
+            raise ValueError(f"rpe must be one of {_RPE_KINDS}, got {rpe!r}")
+        if leak_mode not in ("per_key_sum", "per_query"):
+            raise ValueError(f"leak_mode must be 'per_key_sum' or 'per_query', got {leak_mode!r}")
+        if sinusoid_exponent not in ("paper", "standard"):
+            raise ValueError(f"sinusoid_exponent must be 'paper' or 'standard', got {sinusoid_exponent!r}")
+        if not isinstance(normal_dims, int) or normal_dims < 0:
+            raise ValueError(f"normal_dims must be an int >= 0, got {normal_dims!r}")
+        if rpe == "graph" and (not isinstance(edge_dim, int) or edge_dim < 1):
+            raise ValueError(f"rpe='graph' needs edge_dim (channels of edge_attr) >= 1, got {edge_dim!r}")
+        self.k, self.rpe, self.normal_dims, self.edge_dim = k, rpe, normal_dims, edge_dim
+        self.leaky, self.leak_mode, self.hard, self.hard_eval = leaky, leak_mode, hard, hard_eval
+        self.eps, self.dense_reference, self.chunk_elems = eps, dense_reference, chunk_elems
+        self.sinusoid_exponent = sinusoid_exponent
+        self.head_dim = head_dim or (dim // heads if dim % heads == 0 else dim)
+        inner = heads * self.head_dim
+        self.sampler = SFTSampler(dim, k, tau=tau, drop_token=drop_token, partner=partner)
+        self.w_q = nn.Linear(dim, inner, bias=bias)
+        self.w_k = nn.Linear(dim, inner, bias=bias)
+        self.w_v = nn.Linear(dim, inner, bias=bias)
+        self.w_c = nn.Linear(dim, heads, bias=bias)
+        self.out_linear = nn.Linear(inner, dim)
+        self.qk_dropout = nn.Dropout(qk_dropout)
+        if rpe == "points":
+            r = 1 + (normal_dims > 0)
+        elif rpe == "graph":
+            r = edge_dim
+        elif rpe == "sequence":
+            r = pe_dim or (dim + dim % 2)
+            if r % 2:
+                raise ValueError(f"pe_dim must be even, got {pe_dim!r}")
+            self.w_pe = nn.Linear(r, r, bias=False)  # "learnable linear combination of Sinusoid1D"
+        self.rel_dim = r if rpe != "none" else 0
+        if rpe != "none":
+            self.r_mul = nn.Linear(r, heads)
+            self.r_add = nn.Linear(r, heads)
+
+    # ---- relative bias ----------------------------------------------------------------------
+    def _check_edge_attr(self, edge_attr, x, mask) -> torch.Tensor:
+        B, N, _ = x.shape
+        if edge_attr is None:
+            raise ValueError("sft: rpe='graph' needs edge_attr, a dense (B, N, N, edge_dim) tensor")
+        if not isinstance(edge_attr, torch.Tensor) or edge_attr.shape != (B, N, N, self.edge_dim):
+            raise ValueError(f"sft: edge_attr must have shape (B, N, N, edge_dim) = {(B, N, N, self.edge_dim)}, "
+                             f"got {tuple(getattr(edge_attr, 'shape', ())) or type(edge_attr).__name__}")
+        if not edge_attr.is_floating_point():
+            raise ValueError(f"sft: edge_attr must be a floating tensor, got dtype {edge_attr.dtype}")
+        if edge_attr.device != x.device:
+            raise ValueError(f"sft: edge_attr is on {edge_attr.device} but x is on {x.device}")
+        pair = mask[:, :, None] & mask[:, None, :]
+        if not bool(torch.isfinite(edge_attr[pair]).all()):
+            raise ValueError("sft: edge_attr contains NaN or inf between real points")
+        return edge_attr.masked_fill(~pair[..., None], 0.0)
+
+    def _relative_logits(self, samp: SFTSample, pos, edge_attr, x, wd):
+        """Pre-activation R_mul / R_add logits for the S₁ and S₂ member of every bin: 4 × (B, h, N, k')."""
+        if self.rpe in ("points", "graph"):
+            if self.rpe == "points":
+                pw = pos.to(wd)
+                rel_t = point_relative_features(pw, gather_rows(pw, samp.idx_top), self.normal_dims)
+                rel_r = point_relative_features(pw, gather_rows(pw, samp.idx_rand), self.normal_dims)
+            else:
+                B, N = x.shape[:2]
+                e = edge_attr.to(wd)
+
+                def cols(idx):
+                    return e.gather(2, idx[:, None, :, None].expand(B, N, idx.shape[1], self.edge_dim))
+                rel_t, rel_r = cols(samp.idx_top), cols(samp.idx_rand)           # (B, N, k', r)
+            wm, bm = self.r_mul.weight.to(wd), self.r_mul.bias.to(wd)
+            wa, ba = self.r_add.weight.to(wd), self.r_add.bias.to(wd)
+            out = [F.linear(rel, w, b).permute(0, 3, 1, 2) for rel in (rel_t, rel_r) for (w, b) in ((wm, bm), (wa, ba))]
+            return out  # mul_t, add_t, mul_r, add_r
+        # sequence: bilinear form of the sinusoid Hadamard product, by matmul
+        B, N = x.shape[:2]
+        if pos is not None:
+            positions = pos[..., 0].to(wd)
+        else:
+            positions = torch.arange(N, device=x.device, dtype=wd).expand(B, N)
+        s = F.linear(sinusoid_1d(positions, self.rel_dim, self.sinusoid_exponent), self.w_pe.weight.to(wd))  # (B,N,c)
+        s_t, s_r = gather_rows(s, samp.idx_top), gather_rows(s, samp.idx_rand)  # (B, k', c)
+        out = []
+        for sk in (s_t, s_r):
+            for lin in (self.r_mul, self.r_add):
+                qh = s[:, None] * lin.weight.to(wd)[None, :, None, :]                  # (B, h, N, c)
+                out.append(torch.matmul(qh, sk[:, None].transpose(-1, -2)) + lin.bias.to(wd)[None, :, None, None])
+        return out
+
+    # ---- forward ------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
+                edge_attr: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                **unused) -> torch.Tensor:
+        """x (B, N, D), pos (B, N, P), mask (B, N), edge_attr (B, N, N, r) -> (B, N, D).
+
+        ``generator``: optional RNG for the sampler's training randomness (default: global RNG).
+        """
+        if self.rpe == "points":
+            mask = check_attention_inputs(x, pos, mask, dim=self.dim, requires_pos=True,
+                                          min_pos_dim=self.normal_dims + 1, who="sft")
+        else:
+            mask = check_attention_inputs(x, pos, mask, dim=self.dim, who="sft")
+        if self.rpe == "graph":
+            edge_attr = self._check_edge_attr(edge_attr, x, mask)
+        B, N, _ = x.shape
+        H, d = self.heads, self.head_dim
+        wd = work_dtype(x.dtype)
+        keep = mask.unsqueeze(-1)
+        x = x.masked_fill(~keep, 0.0)          # padding may hold anything; keep it out of every product
+        if pos is not None:
+            pos = pos.masked_fill(~keep, 0.0)
+
+        samp = self.sampler(x, mask, generator=generator)
+        if not self.training and self.hard_eval:
+            pe = torch.ones_like(samp.p)
+        elif self.training and self.hard:
+            pe = 1.0 + (samp.p - samp.p.detach())       # forward S₁ alone, gradient through p
+        else:
+            pe = samp.p
+        x1, x2 = gather_rows(x, samp.idx_top), gather_rows(x, samp.idx_rand)
+        pcol = pe.unsqueeze(-1)
+        xs = (pcol * x1.to(wd) + (1 - pcol) * x2.to(wd)).to(x.dtype)                 # (B, k', D) duplets
+        kk = xs.shape[1]
+
+        q = self.qk_dropout(self.w_q(x)).view(B, N, H, d).transpose(1, 2).to(wd)     # (B, H, N, d)
+        kt = self.qk_dropout(self.w_k(xs)).view(B, kk, H, d).transpose(1, 2).to(wd)  # (B, H, k', d)
+        v = self.w_v(xs).view(B, kk, H, d).transpose(1, 2).to(wd)
+
+        score = maxout_scores_dense(q, kt) if self.dense_reference else maxout_scores(q, kt, self.chunk_elems)
+        a = score / math.sqrt(d)                                                       # (B, H, N, k')
+        if self.rpe != "none":
+            mul_t, add_t, mul_r, add_r = self._relative_logits(samp, pos, edge_attr, x, wd)
+            w_t = pe[:, None, None, :]
+            r_mul = w_t * F.softplus(mul_t) + (1 - w_t) * F.softplus(mul_r)
+            r_add = w_t * add_t + (1 - w_t) * add_r
+            a = a * r_mul + r_add
+        kv = samp.key_valid[:, None, None, :]
+        num = F.relu(a).masked_fill(~kv, 0.0)
+        den = num.sum(-1, keepdim=True) + self.eps
+        if self.leaky:
+            if self.leak_mode == "per_key_sum":
+                c = F.softplus(self.w_c(xs).to(wd)).transpose(1, 2)                   # (B, H, k')
+                den = den + c.masked_fill(~samp.key_valid[:, None, :], 0.0).sum(-1)[..., None, None]
+            else:
+                den = den + F.softplus(self.w_c(x).to(wd)).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
+        o = torch.matmul(num / den, v)                                                 # (B, H, N, d)
+        y = self.out_linear(o.transpose(1, 2).reshape(B, N, H * d).to(x.dtype))
+        return self.zero_padding(y, mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Block and encoder
+# --------------------------------------------------------------------------------------------
+class SFTBlock(nn.Module):
+    """SFT layer: sampling → attention → FFN (GeLU, ×``ffn_mult``), each with a residual, LayerNorm Pre or Post.
+
+    Pre-LN:  x ← x + Drop(Attn(LN₁(x)));  x ← x + Drop(FFN(LN₂(x)))
+    Post-LN: x ← LN₁(x + Drop(Attn(x)));  x ← LN₂(x + Drop(FFN(x)))
+
+    Args:
+        dim, heads, k: as :class:`SFTAttention`.
+        norm_position: ``"pre"`` or ``"post"`` (the paper picks per experiment, Table 9).
+        ffn_mult: FFN expansion (4).
+        dropout: "token embedding dropout" after the attention and after the FFN.
+        ffn_dropout: "feedforward dropout" after the FFN's expansion.
+        **attn_options: passed to :class:`SFTAttention` (rpe, normal_dims, leaky, drop_token, ...).
+    Shapes: x (B, N, D), pos (B, N, P), mask (B, N) -> (B, N, D), padded rows zero. ``edge_attr``
+    and ``generator`` keywords go to the attention.
+    """
+
+    def __init__(self, dim: int, heads: int = 8, k: int = 256, norm_position: str = "pre", ffn_mult: int = 4,
+                 dropout: float = 0.0, ffn_dropout: float = 0.0, **attn_options):
+        super().__init__()
+        if norm_position not in ("pre", "post"):
+            raise ValueError(f"norm_position must be 'pre' or 'post', got {norm_position!r}")
+        self.norm_position = norm_position
+        self.attn = SFTAttention(dim, heads=heads, k=k, **attn_options)
+        self.norm1 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.ffn = nn.Sequential(nn.Linear(dim, ffn_mult * dim), nn.GELU(), nn.Dropout(ffn_dropout),
+                                 nn.Linear(ffn_mult * dim, dim))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                **attn_kwargs) -> torch.Tensor:
+        mask = check_attention_inputs(x, pos, mask, dim=self.attn.dim, who="sft block")
+        keep = mask.unsqueeze(-1)
+        x = x.masked_fill(~keep, 0.0)
+        if self.norm_position == "pre":
+            x = x + self.dropout(self.attn(self.norm1(x), pos, mask, **attn_kwargs))
+            x = x + self.dropout(self.ffn(self.norm2(x)))
+        else:
+            x = self.norm1(x + self.dropout(self.attn(x, pos, mask, **attn_kwargs)))
+            x = self.norm2(x + self.dropout(self.ffn(x)))
+        return x.masked_fill(~keep, 0.0)
+
+
+class SFTEncoder(nn.Module):
+    """A stack of :class:`SFTBlock`, with the rotation-invariant point variant (SFT §5.1, Table 1).
+
+    With ``rotation_invariant=True`` the tokens are replaced by all-ones vectors (B, N, D) and the
+    only geometric input is the relative features ``[‖x_i − x_j‖², n_i·n_j]`` of ``pos = [xyz,
+    normals]`` (``rpe="points"``, ``normal_dims`` = 3 by default): both are SO(3)-invariant, so the
+    whole model is exactly rotation-invariant; the leak injects the rank that lets the all-ones
+    tokens become distinct. ``x`` is then ignored and may be None.
+
+    Args:
+        dim: width D; depth: number of blocks; heads, k: as :class:`SFTAttention`.
+        rotation_invariant: the variant above.
+        norm_position: ``"pre"``/``"post"``; default post for the rotation-invariant variant (Table 9,
+            exp. 1.3) and pre otherwise.
+        **block_options: passed to every :class:`SFTBlock` (and on to the attention).
+    Shapes: x (B, N, D) or None, pos (B, N, P), mask (B, N) -> (B, N, D).
+    """
+
+    def __init__(self, dim: int, depth: int, heads: int = 8, k: int = 256, rotation_invariant: bool = False,
+                 norm_position: str | None = None, **block_options):
+        super().__init__()
+        if rotation_invariant:
+            if block_options.setdefault("rpe", "points") != "points":
+                raise ValueError("rotation_invariant=True needs rpe='points' (relative features only)")
+            block_options.setdefault("normal_dims", 3)
+        norm_position = norm_position or ("post" if rotation_invariant else "pre")
+        self.dim, self.rotation_invariant = dim, rotation_invariant
+        self.blocks = nn.ModuleList(SFTBlock(dim, heads=heads, k=k, norm_position=norm_position, **block_options)
+                                    for _ in range(depth))
+
+    def forward(self, x: torch.Tensor | None = None, pos: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, **attn_kwargs) -> torch.Tensor:
+        if self.rotation_invariant:
+            if not isinstance(pos, torch.Tensor) or pos.dim() != 3:
+                raise ValueError("sft: the rotation-invariant encoder needs pos (B, N, P) = [xyz, normals]")
+            x = pos.new_ones(*pos.shape[:2], self.dim)
+        elif x is None:
+            raise ValueError("sft: x (B, N, D) is required unless rotation_invariant=True")
+        for blk in self.blocks:
+            x = blk(x, pos, mask, **attn_kwargs)
+        return x
