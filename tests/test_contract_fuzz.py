@@ -84,3 +84,21 @@ def test_contract_fuzz(name, case):
             for i, n in enumerate(sizes):
                 alone = attn(x[i:i + 1, :n], pos[i:i + 1, :n])
                 torch.testing.assert_close(y[i:i + 1, :n], alone, rtol=1e-7, atol=1e-7)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_cuda_matches_cpu(name):
+    if name not in pointformers.attention.available():
+        pytest.skip(f"{name} not registered")
+    attn = mechanism(name, 3, torch.float64)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 30, DIM, generator=g, dtype=torch.float64)
+    pos = torch.randn(2, 30, COORDS, generator=g, dtype=torch.float64)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[1, 20:] = False
+    with torch.no_grad():
+        y_cpu = attn(x, pos, mask)
+        y_gpu = attn.cuda()(x.cuda(), pos.cuda(), mask.cuda()).cpu()
+    attn.cpu()
+    torch.testing.assert_close(y_gpu, y_cpu, rtol=1e-6, atol=1e-6)
