@@ -21,7 +21,7 @@ OPTIONS = {
     "hept": {"coord_dim": COORDS, "block_size": 8, "n_hashes": 2, "num_regions": 4},
     "lsh_or": {"coord_dim": COORDS, "block_size": 8, "n_hashes": 2},
     "performer": {"nb_features": 16},
-    "flt": {"nb_features": 16, "num_rpe_features": 8, "coord_dim": COORDS, "rpe_type": "gaussian_3d"},
+    "flt": {"nb_features": 16, "num_rpe_features": 8, "rpe_type": "gaussian_basis"},
     "sft": {"k": 6},
     "samsa": {"k": 6},
     "sampled": {},

@@ -6,7 +6,7 @@
 """
 from .base import TokenMixer, check_attention_inputs
 from .registry import available, build, register
-from . import full, kernel, hept, lsh, sampled, knn, serialized, sft, samsa  # noqa: F401  (registration side effects)
+from . import full, kernel, hept, lsh, sampled, knn, serialized, sft, samsa, performer, flt  # noqa: F401  (registration side effects)
 from .full import FullAttention
 from .kernel import KernelAttention
 from .hept import HEPTAttention

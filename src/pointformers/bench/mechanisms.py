@@ -28,7 +28,7 @@ OPTIONS = {
     "hept": {"coord_dim": 3, "block_size": 100, "n_hashes": 3, "num_regions": 150},
     "lsh_or": {"coord_dim": 3, "block_size": 100, "n_hashes": 3},
     "performer": {"nb_features": 256},
-    "flt": {"nb_features": 256, "num_rpe_features": 32, "coord_dim": 3, "rpe_type": "gaussian_3d"},
+    "flt": {"nb_features": 256, "num_rpe_features": 32, "rpe_type": "gaussian_basis"},
     "sft": {"k": 256},
     "samsa": {"k": 256},
     "sampled": {},

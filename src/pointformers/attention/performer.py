@@ -1,0 +1,98 @@
+"""Performer attention (FAVOR+, Choromanski et al. 2021): softmax attention estimated with
+positive orthogonal random features in O(N·m·d) time and O(N·m + m·d) memory.
+
+softmax(QKᵀ/√d) ≈ D̂⁻¹ Q'(K'ᵀV), with Q' = ϕ(Q d^{-1/4}), K' = ϕ(K d^{-1/4}) and
+ϕ(x) = exp(Ωx − ‖x‖²/2) (positive, so the denominators stay positive); see
+:mod:`.random_features` for the features, the stabilisation and the redraw machinery.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .base import TokenMixer, check_attention_inputs
+from .random_features import (OrthogonalFeatures, compute_dtype, dense_softmax_attention, favor_attention,
+                              resolve_seed, split_heads)
+from .registry import register
+
+
+@register("performer")
+class PerformerAttention(TokenMixer):
+    """Multi-head FAVOR+ attention with a key-padding mask, non-causal or causal.
+
+    Args:
+        dim: model width D.
+        heads: number of heads H.
+        head_dim: per-head width d (default D // H, or D when H does not divide D).
+        nb_features: random features m (Performer default 256); one Ω (m, d) shared by the heads.
+        redraw: when Ω is resampled in training: "never", "every_forward_in_training", or an
+            int N = every N training forwards (default 1000, the usual Performer practice).
+        causal: query i attends to keys j ≤ i (index order), by chunked prefix sums.
+        chunk_size: rows per chunk of the causal path (speed/memory knob, not semantics).
+        seed: master seed of Ω's draws (default: drawn from ``generator`` or the global RNG).
+        generator: optional torch.Generator used only to draw ``seed``.
+        bias: whether q/k/v projections carry a bias (the output projection always does).
+
+    Randomness: Ω is drawn at init (draw 0) and stored as a buffer with its seed and counters
+    (``features.*`` in the state_dict). In training it is redrawn per ``redraw``; in ``eval()``
+    it is frozen. Draws are deterministic functions of (seed, draw index).
+    Shapes: x (B, N, D), mask (B, N) -> (B, N, D); ``pos`` is accepted and ignored.
+    Dtypes: projections run in the module's dtype; features/exp in at least float32.
+    """
+
+    def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, nb_features: int = 256,
+                 redraw: str | int = 1000, causal: bool = False, chunk_size: int = 128, seed: int | None = None,
+                 generator: torch.Generator | None = None, bias: bool = False):
+        super().__init__(dim, heads)
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        self.head_dim = head_dim or (dim // heads if dim % heads == 0 else dim)
+        self.nb_features = nb_features
+        self.causal = bool(causal)
+        self.chunk_size = chunk_size
+        inner = heads * self.head_dim
+        self.w_q = nn.Linear(dim, inner, bias=bias)
+        self.w_k = nn.Linear(dim, inner, bias=bias)
+        self.w_v = nn.Linear(dim, inner, bias=bias)
+        self.out_linear = nn.Linear(inner, dim)
+        self.features = OrthogonalFeatures(nb_features, self.head_dim, redraw, resolve_seed(seed, generator), stream=0)
+
+    def qkv(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (scaled by d^{-1/4}) and v, each (B, H, N, d) in the compute dtype.
+
+        Padded rows of x are zeroed first, so arbitrary (even non-finite) padding cannot reach
+        the features or the gradients."""
+        x = x.masked_fill(~mask.unsqueeze(-1), 0.0)
+        cd = compute_dtype(x.dtype)
+        scale = self.head_dim ** -0.25
+        q = split_heads(self.w_q(x), self.heads).to(cd) * scale
+        k = split_heads(self.w_k(x), self.heads).to(cd) * scale
+        v = split_heads(self.w_v(x), self.heads).to(cd)
+        return q, k, v
+
+    def merge_heads(self, o: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """(B, H, N, d) -> out_linear(concat heads), (B, N, D), padded rows zero."""
+        B, H, N, d = o.shape
+        y = self.out_linear(o.transpose(1, 2).reshape(B, N, H * d).to(dtype))
+        return self.zero_padding(y, mask)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                **unused) -> torch.Tensor:
+        mask = check_attention_inputs(x, pos, mask, dim=self.dim, who="performer")
+        omega = self.features()  # applies the redraw policy in training
+        q, k, v = self.qkv(x, mask)
+        o = favor_attention(q, k, v, omega, mask, causal=self.causal, chunk_size=self.chunk_size)
+        return self.merge_heads(o, mask, x.dtype)
+
+    def exact_attention(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None
+                        ) -> torch.Tensor:
+        """Reference path: the exact softmax(QKᵀ/√d) attention that FAVOR+ estimates, with the
+        same projections, mask and causality. O(N²) memory."""
+        mask = check_attention_inputs(x, pos, mask, dim=self.dim, who="performer")
+        q, k, v = self.qkv(x, mask)
+        o = dense_softmax_attention(q @ k.transpose(-1, -2), v, mask, causal=self.causal)
+        return self.merge_heads(o, mask, x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, heads={self.heads}, head_dim={self.head_dim}, nb_features={self.nb_features}, "
+                f"causal={self.causal}")
