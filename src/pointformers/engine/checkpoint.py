@@ -1,0 +1,190 @@
+"""Atomic checkpoint and JSON files.
+
+A checkpoint is a plain ``dict`` saved with :func:`torch.save` and loaded back with
+``weights_only=True`` (no pickled code runs on load), so it may hold only tensors,
+numbers, strings, lists, tuples and dicts. Keys written by the engine:
+
+``format`` (:data:`CHECKPOINT_FORMAT`), ``version``, ``model`` (the ``state_dict``),
+``model_name`` and ``model_config`` (registry name and options: enough to rebuild the
+model with :func:`pointformers.models.build`), ``epoch``, ``metric_name``, ``metric``
+and, for resumable ``last.pt`` files, ``optimizer``, ``scheduler``, ``generator``,
+``torch_rng``, ``best_metric``, ``best_epoch``, ``history``.
+
+Writes never leave a partial file at the destination: the bytes go to a temporary file in
+the same directory, are flushed and fsynced, and only then :func:`os.replace` puts it in
+place (atomic on POSIX and Windows within one file system). If anything fails on the way
+— an exception inside :func:`torch.save`, a full disk, Ctrl-C — the temporary file is
+removed and the previous file at the destination is untouched.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CheckpointError",
+    "atomic_write",
+    "save_checkpoint",
+    "load_checkpoint",
+    "model_from_checkpoint",
+    "write_json",
+]
+
+#: Value of the ``format`` key that marks a pointformers checkpoint.
+CHECKPOINT_FORMAT = "pointformers-checkpoint"
+_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, unreadable, corrupted or not a pointformers checkpoint."""
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Persist the rename itself (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[io.BufferedWriter], None]) -> Path:
+    """Write a file atomically: ``write(f)`` fills a temporary file next to ``path``, which is
+    fsynced and then renamed onto ``path``. On any failure (including ``KeyboardInterrupt``)
+    the temporary file is deleted, the exception propagates and ``path`` is unchanged.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Same directory as the target: os.replace is only atomic within one file system.
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # also Ctrl-C: never leave the partial temporary file behind
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def save_checkpoint(path: str | os.PathLike, checkpoint: Mapping[str, Any]) -> Path:
+    """Atomically save ``checkpoint`` (a mapping; see the module docstring) to ``path``.
+
+    ``format`` and ``version`` keys are added. Raises ValueError if ``checkpoint`` is not a
+    mapping or has no ``model`` state_dict.
+    """
+    if not isinstance(checkpoint, Mapping):
+        raise ValueError(f"checkpoint: expected a mapping, got {type(checkpoint).__name__}")
+    if not isinstance(checkpoint.get("model"), Mapping):
+        raise ValueError("checkpoint: needs a 'model' entry holding the model's state_dict")
+    obj = {"format": CHECKPOINT_FORMAT, "version": _VERSION, **checkpoint}
+    return atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                    required: tuple[str, ...] = ("model",)) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint`.
+
+    Raises:
+        CheckpointError (a ValueError) naming the file, if it does not exist, cannot be
+        read, is truncated/corrupted, is not a pointformers checkpoint, or lacks a key in
+        ``required``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r}: no such file")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r}: not a regular file")
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {str(path)!r}: cannot be read (truncated or corrupted?): "
+                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    except Exception as exc:  # weights_only unpickler refusals and the like
+        raise CheckpointError(f"checkpoint {str(path)!r}: not a loadable pointformers checkpoint "
+                              f"({type(exc).__name__})") from exc
+    if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"checkpoint {str(path)!r}: not a pointformers checkpoint "
+                              f"(no format={CHECKPOINT_FORMAT!r} entry)")
+    if int(obj.get("version", 0)) > _VERSION:
+        raise CheckpointError(f"checkpoint {str(path)!r}: written by a newer format version "
+                              f"{obj.get('version')} (this package reads <= {_VERSION})")
+    missing = [k for k in required if k not in obj]
+    if missing:
+        raise CheckpointError(f"checkpoint {str(path)!r}: missing entries {missing}")
+    return obj
+
+
+def model_from_checkpoint(path_or_checkpoint: str | os.PathLike | Mapping[str, Any],
+                          map_location: str | torch.device = "cpu") -> nn.Module:
+    """Rebuild the model stored in a checkpoint (by ``model_name`` / ``model_config``) and load
+    its weights strictly. Returns the model in ``eval()`` mode.
+
+    Raises:
+        CheckpointError if the file is unusable or its weights do not fit the architecture.
+    """
+    from .. import models  # engine sits above models in the layer order
+
+    ckpt = (load_checkpoint(path_or_checkpoint, map_location, ("model", "model_name", "model_config"))
+            if not isinstance(path_or_checkpoint, Mapping) else dict(path_or_checkpoint))
+    where = str(path_or_checkpoint) if not isinstance(path_or_checkpoint, Mapping) else "<in memory>"
+    for key in ("model", "model_name", "model_config"):
+        if key not in ckpt:
+            raise CheckpointError(f"checkpoint {where!r}: missing entry {key!r}")
+    try:
+        model = models.build(ckpt["model_name"], **dict(ckpt["model_config"]))
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {where!r}: cannot rebuild model {ckpt['model_name']!r}: {exc}") from exc
+    try:
+        model.load_state_dict(ckpt["model"], strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"checkpoint {where!r}: weights do not fit model {ckpt['model_name']!r}: "
+                              f"{str(exc).splitlines()[0]}") from exc
+    return model.to(map_location).eval()
+
+
+def _json_clean(o: Any) -> Any:
+    """JSON has no NaN/inf: write them as null so any JSON reader accepts the file."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, Mapping):
+        return {str(k): _json_clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_json_clean(v) for v in o]
+    if isinstance(o, torch.Tensor) and o.numel() == 1:
+        return _json_clean(o.item())
+    if hasattr(o, "item") and callable(o.item):  # numpy scalars
+        return _json_clean(o.item())
+    if isinstance(o, os.PathLike):
+        return os.fspath(o)
+    return o
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Atomically write ``obj`` as indented JSON (NaN/inf become ``null``)."""
+    text = json.dumps(_json_clean(obj), indent=2, allow_nan=False) + "\n"
+    return atomic_write(path, lambda f: f.write(text.encode()))

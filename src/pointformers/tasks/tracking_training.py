@@ -1,0 +1,206 @@
+"""Glue between the tracking task and the training engine.
+
+* :func:`prepare_tracking_clouds` turns :class:`~pointformers.data.event.TrackingEvent`
+  clouds into :class:`TrackingCloud` samples once: model inputs (float32) and, for training
+  clouds, the authors' labelled pairs (:func:`~.tracking.build_tracking_pairs`), so an
+  epoch does no neighbour search.
+* :class:`TrackingTask` implements the engine's task protocol: ``loss(model, cloud,
+  generator)`` is the InfoNCE loss on the cloud's pairs plus fresh random pairs (as the
+  authors do every step); ``evaluate(model, clouds)`` returns AP@k (the code's
+  ``accuracy@0.9``) averaged over clouds, with precision@K and recall@K.
+* :func:`evaluate_embeddings` scores any per-cloud embeddings, e.g. the kNN-in-(η, φ)
+  baseline (:func:`knn_baseline_metrics`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from ..data.event import TrackingEvent
+from .tracking import (
+    TrackingInputs,
+    TrackingPairs,
+    add_random_pairs,
+    ap_at_k_split,
+    build_tracking_pairs,
+    infonce_loss,
+    knn_eta_phi_embedding,
+    tracking_inputs,
+    tracking_metrics_at_k,
+)
+
+__all__ = [
+    "TrackingCloud",
+    "TrackingTask",
+    "prepare_tracking_clouds",
+    "evaluate_embeddings",
+    "knn_baseline_metrics",
+    "load_tracking_splits",
+]
+
+
+@dataclass
+class TrackingCloud:
+    """One precomputed training/evaluation sample.
+
+    Attributes:
+        inputs: :class:`TrackingInputs` of the cloud's ``n`` hits (float32).
+        half_edges: ``(2, E/2)`` int32 pairs (a < b) or None (evaluation-only clouds). The
+            undirected pair list holds each pair in both directions; storing one direction
+            in int32 needs a quarter of the memory (≈ 0.5M pairs per 1.5k-hit cloud).
+        half_positive: ``(E/2,)`` bool labels of ``half_edges`` (symmetric, so one suffices).
+        event: the source event (kept for displays; hit order matches ``inputs``).
+        pt_min: the pt filter the positive labels were built with.
+    """
+
+    inputs: TrackingInputs
+    half_edges: torch.Tensor | None = None
+    half_positive: torch.Tensor | None = None
+    event: TrackingEvent | None = None
+    pt_min: float = 0.9
+
+    @property
+    def num_hits(self) -> int:
+        return self.inputs.num_hits
+
+    @property
+    def has_pairs(self) -> bool:
+        return self.half_edges is not None
+
+    def pairs(self) -> TrackingPairs:
+        """The full undirected :class:`TrackingPairs` (both directions, int64)."""
+        if self.half_edges is None or self.half_positive is None:
+            raise ValueError("cloud: has no pairs; prepare it with with_pairs=True to train on it")
+        e = self.half_edges.long()
+        eligible = ((self.inputs.particle_id != 0) & self.inputs.reconstructable
+                    & (self.inputs.pt > self.pt_min))
+        return TrackingPairs(torch.cat([e, e.flip(0)], dim=1), self.half_positive.repeat(2),
+                             self.inputs.particle_id, eligible)
+
+
+def prepare_tracking_clouds(
+    events: Iterable[TrackingEvent],
+    with_pairs: bool = True,
+    radius: float = 1.0,
+    max_num_neighbors: int = 256,
+    pt_min: float = 0.9,
+    keep_events: bool = False,
+    progress: bool = False,
+    desc: str = "pairs",
+) -> list[TrackingCloud]:
+    """Precompute inputs (and pairs) of every cloud once.
+
+    Args:
+        events: the clouds (e.g. one split of :func:`~pointformers.data.tracking.load_tracking_dataset`).
+        with_pairs: build the training pairs (spec §4.2; ``radius`` and ``max_num_neighbors``
+            are the authors' radius graph in (η, φ), ``pt_min`` the positive filter).
+        keep_events: keep a reference to each source event (for event displays).
+        progress: show a tqdm bar.
+    """
+    events = list(events)
+    it: Iterable[TrackingEvent] = events
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(events, desc=desc, leave=False, dynamic_ncols=True)
+    out = []
+    for ev in it:
+        inp = tracking_inputs(ev, dtype=torch.float32)
+        half_e = half_p = None
+        if with_pairs:
+            p = build_tracking_pairs(inp, radius=radius, max_num_neighbors=max_num_neighbors, pt_min=pt_min)
+            keep = p.edge_index[0] < p.edge_index[1]  # the list is symmetric: keep one direction
+            half_e = p.edge_index[:, keep].to(torch.int32).contiguous()
+            half_p = p.is_positive[keep].contiguous()
+        out.append(TrackingCloud(inp, half_e, half_p, ev if keep_events else None, pt_min))
+    return out
+
+
+def evaluate_embeddings(embeddings: Sequence[torch.Tensor], clouds: Sequence[TrackingCloud],
+                        pt_min: float = 0.9, K: int = 19) -> dict[str, float]:
+    """AP@k (``"ap@k"``), ``"precision@K"`` and ``"recall@K"`` averaged over clouds (clouds with
+    no qualifying hit are skipped, as :func:`~.tracking.ap_at_k_split`), plus ``"num_queries"``.
+
+    Args:
+        embeddings: one ``(n_i, d)`` tensor per cloud, rows in the cloud's hit order.
+    """
+    if len(embeddings) != len(clouds):
+        raise ValueError(f"embeddings: got {len(embeddings)} for {len(clouds)} clouds")
+    acc, prec, rec, nq = [], [], [], 0
+    for emb, c in zip(embeddings, clouds):
+        m = tracking_metrics_at_k(emb, c.inputs.particle_id, c.inputs.pt, c.inputs.reconstructable, pt_min, K)
+        acc.append(m["accuracy"])
+        prec.append(m["precision"])
+        rec.append(m["recall"])
+        nq += m["num_queries"]
+    return {"ap@k": ap_at_k_split(acc), "precision@K": ap_at_k_split(prec), "recall@K": ap_at_k_split(rec),
+            "num_queries": float(nq)}
+
+
+def knn_baseline_metrics(clouds: Sequence[TrackingCloud], pt_min: float = 0.9, K: int = 19) -> dict[str, float]:
+    """Metrics of the kNN-in-(η, φ) baseline: neighbours by hit position, no learning."""
+    return evaluate_embeddings([knn_eta_phi_embedding(c.inputs) for c in clouds], clouds, pt_min, K)
+
+
+class TrackingTask:
+    """InfoNCE training and AP@k evaluation of per-hit embeddings (spec §3.4, §4.4).
+
+    Args:
+        similarity, tau, sigma: :func:`~.tracking.infonce_loss` options (authors: "l2_rbf",
+            0.05, 0.75).
+        random_pairs: fraction for :func:`~.tracking.add_random_pairs` each step (authors:
+            0.2; 0 disables).
+        pt_min, K: AP@k filter and neighbour count (authors: 0.9, 19).
+    """
+
+    def __init__(self, similarity: str = "l2_rbf", tau: float = 0.05, sigma: float = 0.75,
+                 random_pairs: float = 0.2, pt_min: float = 0.9, K: int = 19):
+        if similarity not in ("l2_rbf", "paper"):
+            raise ValueError(f"similarity: expected 'l2_rbf' or 'paper', got {similarity!r}")
+        for name, v in (("tau", tau), ("sigma", sigma)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}: must be a finite number > 0, got {v!r}")
+        if isinstance(random_pairs, bool) or not isinstance(random_pairs, (int, float)) or not (0 <= random_pairs < 1e3):
+            raise ValueError(f"random_pairs: must be a number >= 0, got {random_pairs!r}")
+        if isinstance(pt_min, bool) or not isinstance(pt_min, (int, float)) or not math.isfinite(pt_min):
+            raise ValueError(f"pt_min: must be a finite number, got {pt_min!r}")
+        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+            raise ValueError(f"K: must be an integer >= 1, got {K!r}")
+        self.similarity, self.tau, self.sigma = similarity, float(tau), float(sigma)
+        self.random_pairs, self.pt_min, self.K = float(random_pairs), float(pt_min), K
+
+    def loss(self, model: nn.Module, cloud: TrackingCloud, generator: torch.Generator | None = None) -> torch.Tensor:
+        """InfoNCE of one cloud; random extra pairs are drawn from ``generator``."""
+        pairs = cloud.pairs()
+        if self.random_pairs > 0:
+            pairs = add_random_pairs(pairs, self.random_pairs, generator=generator)
+        dev = next(model.parameters()).device
+        emb = model(cloud.inputs.x.to(dev), cloud.inputs.coords.to(dev))
+        return infonce_loss(emb, pairs.to(dev), similarity=self.similarity, tau=self.tau, sigma=self.sigma)
+
+    @torch.no_grad()
+    def embed(self, model: nn.Module, clouds: Sequence[TrackingCloud]) -> list[torch.Tensor]:
+        """Embeddings ``(n_i, d)`` (CPU, float32) of each cloud, model in eval mode."""
+        was_training = model.training
+        model.eval()
+        try:
+            dev = next(model.parameters()).device
+            return [model(c.inputs.x.to(dev), c.inputs.coords.to(dev)).float().cpu() for c in clouds]
+        finally:
+            model.train(was_training)
+
+    def evaluate(self, model: nn.Module, clouds: Sequence[TrackingCloud]) -> dict[str, float]:
+        """:func:`evaluate_embeddings` of the model's embeddings (``"ap@k"`` is the main metric)."""
+        return evaluate_embeddings(self.embed(model, clouds), clouds, self.pt_min, self.K)
+
+
+def load_tracking_splits(preset: str, splits: Sequence[str] = ("train", "val", "test"), cache_dir=None,
+                         seed: int = 0) -> dict[str, list[TrackingEvent]]:
+    """The requested splits of a tracking data set (generated once, cached on disk)."""
+    from ..data.tracking import load_tracking_dataset
+
+    return {s: load_tracking_dataset(preset, s, cache_dir=cache_dir, seed=seed) for s in splits}
