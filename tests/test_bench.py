@@ -31,3 +31,34 @@ def test_report_ratios():
     text = report(rs, [100], 50)
     assert "| 100 | 1.00 | 5.00 | 2.00 | 3.00 |" in text and "| 5.0× | 2.0× |" in text
     assert "| hept | 1.00 | 50 | 0.50 |" in text
+
+
+def test_measure_reports_a_calls_own_peak_memory():
+    # 64 MB allocated and touched inside the call: the peak counts it, the time is positive;
+    # memory held before the call (here 32 MB) is not counted
+    from pointformers.bench.harness import measure
+
+    held = torch.ones(8 * 2**20)  # noqa: F841  (32 MB resident before the call)
+    r = measure(lambda: torch.ones(16 * 2**20).sum(), repeats=2)
+    assert r["runs"] == 2 and r["seconds"] > 0
+    assert 60 < r["peak_mb"] < 100
+
+
+def test_mechanisms_budget_and_limits_skip_with_reasons():
+    # a spent time budget skips every measurement, each saying why, without starting a process
+    from pointformers.bench import mechanisms
+
+    rs = mechanisms.run_all(["hept", "full"], [1024, 4096], ["forward"], 1, 60.0, "cpu", 1e9,
+                            log=lambda s: None, budget=0.0)
+    assert len(rs) == 4 and all(r["skipped"] == "the run's time budget was spent" for r in rs)
+    assert all(r["flops"] > 0 for r in rs)
+
+
+def test_speed_skips_sizes_predicted_past_the_limit():
+    from pointformers.bench.speed import skip_reason
+
+    prev = {"mechanism": "kernel", "n": 6000, "seconds": 10.0}
+    assert skip_reason(None, "kernel", 6000, 3, 100) is None
+    assert skip_reason(prev, "kernel", 20000, 1, 100).startswith("predicted 111 s")  # quadratic
+    assert skip_reason({**prev, "mechanism": "hept"}, "hept", 20000, 1, 100) is None  # linear: 33 s
+    assert skip_reason({**prev, "error": "timeout"}, "hept", 20000, 1, 100) == "N = 6000 failed"

@@ -1,8 +1,13 @@
 """Shared benchmark machinery: isolated measurements, machine description, doc sections.
 
-Each measurement runs in a fresh Python subprocess, so its peak resident memory
-(``ru_maxrss`` minus the resident size just before the measured call) is its own and no
-allocator state leaks between mechanisms. Ratios are always taken between numbers measured
+Each measurement runs in a fresh Python subprocess, so its peak resident memory is its own and
+no allocator state leaks between mechanisms. The peak of a call is measured as: the process's
+peak resident size is reset just before it (Linux ``clear_refs``), and the call's peak is
+``ru_maxrss`` minus the resident size before the call, minus the growth of *file-backed*
+resident pages during the call (shared-library code that the kernel had reclaimed and the call
+faulted back in — on machines with proactive reclaim this alone is ~100 MB and is not the
+call's working memory; the pages mapped before the call are also locked resident with
+``mlockall`` where permitted, so they cannot be evicted and refaulted in the first place). Ratios are always taken between numbers measured
 in the same run on the same machine.
 """
 from __future__ import annotations
@@ -29,18 +34,57 @@ def rss_bytes() -> int:
         return peak_bytes()
 
 
+def file_rss_bytes() -> int:
+    """Resident file-backed pages (``RssFile`` of /proc/self/status; 0 where unavailable)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssFile:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
+def lock_resident_pages() -> bool:
+    """``mlockall(MCL_CURRENT)``: keep every page mapped now (library code included) resident, so
+    proactive reclaim cannot evict them and the measured call cannot fault them back in (which
+    would count as its memory). Only pages mapped now are locked; the call's own allocations are
+    not. Returns False where not permitted (then the file-page correction still applies)."""
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.mlockall(1) == 0  # MCL_CURRENT
+    except (OSError, AttributeError):
+        return False
+
+
+def reset_peak_rss() -> bool:
+    """Reset the process's peak resident size to its current size (Linux ``clear_refs`` 5), so
+    the next ``ru_maxrss`` is the measured call's own peak and not an earlier one (importing
+    torch, building inputs). Returns False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def peak_bytes() -> int:
     scale = 1 if sys.platform == "darwin" else 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
 
 def measure(step: Callable[[], None], repeats: int) -> dict:
-    """Median seconds over ``repeats`` calls and the first call's peak MB above the RSS before it."""
-    before = rss_bytes()
+    """Median seconds over ``repeats`` calls and the first call's peak MB above the RSS before it
+    (see the module doc: peak reset first, refaulted file pages not counted)."""
+    lock_resident_pages()
+    reset_peak_rss()
+    before, before_file = rss_bytes(), file_rss_bytes()
     t0 = time.perf_counter()
     step()
     times = [time.perf_counter() - t0]
-    peak = peak_bytes() - before
+    peak = peak_bytes() - before - max(0, file_rss_bytes() - before_file)
     for _ in range(repeats - 1):
         t0 = time.perf_counter()
         step()

@@ -73,6 +73,21 @@ def worker(mechanism: str, n: int, mode: str, repeats: int) -> dict:
     return {"mechanism": mechanism, "n": n, "mode": mode, **measure(step, repeats)}
 
 
+def skip_reason(prev: dict | None, mechanism: str, n: int, repeats: int, timeout: float) -> str | None:
+    """Why the forward of ``mechanism`` at n should not be run, from its previous (smaller) size:
+    that one failed, or its time scaled by (n / n_prev)^p (p = 2 for the quadratic ``full`` and
+    ``kernel``, 1 otherwise) × ``repeats`` exceeds ``timeout``. None = run it."""
+    if prev is None:
+        return None
+    if "skipped" in prev:
+        return prev["skipped"]
+    if "error" in prev:
+        return f"N = {prev['n']} failed"
+    p = 2 if mechanism in ("full", "kernel") else 1
+    t = prev["seconds"] * (n / prev["n"]) ** p * repeats
+    return f"predicted {t:.0f} s > {timeout:.0f} s limit" if t > timeout else None
+
+
 def run_one(mechanism: str, n: int, mode: str, repeats: int, timeout: float) -> dict:
     return run_isolated("pointformers.bench.speed", [mechanism, str(n), mode, str(repeats)], timeout,
                         {"mechanism": mechanism, "n": n, "mode": mode})
@@ -81,6 +96,8 @@ def run_one(mechanism: str, n: int, mode: str, repeats: int, timeout: float) -> 
 def _fmt(r: dict | None, key: str, unit: str = "") -> str:
     if r is None:
         return "not run (quadratic)"
+    if "skipped" in r:
+        return f"skipped: {r['skipped']}"
     if "error" in r:
         return f"failed: {r['error']}"
     return f"{r[key]:.2f}{unit}" if key == "seconds" else f"{r[key]:.0f}{unit}"
@@ -96,7 +113,7 @@ def report(results: list[dict], sizes: list[int], train_n: int) -> str:
              "|" + "---|" * (2 * len(mechs) + 3)]
     for n in sizes:
         rs = [get(m, n, "forward") for m in mechs]
-        ok = lambda r: r is not None and "error" not in r
+        ok = lambda r: r is not None and "error" not in r and "skipped" not in r
         ratio = lambda r: f"{r['seconds'] / rs[0]['seconds']:.1f}×" if ok(r) and ok(rs[0]) else "—"
         lines.append(f"| {n} | " + " | ".join(_fmt(r, "seconds") for r in rs) + " | "
                      + " | ".join(_fmt(r, "peak_mb") for r in rs) + f" | {ratio(rs[1])} | {ratio(rs[2])} |")
@@ -105,7 +122,8 @@ def report(results: list[dict], sizes: list[int], train_n: int) -> str:
     full = get("full", train_n, "train")
     for m in ("hept", "hept-materialized", "full"):
         r = get(m, train_n, "train")
-        rel = f"{r['peak_mb'] / full['peak_mb']:.2f}" if r and full and "error" not in r and "error" not in full else "—"
+        good = lambda r: r is not None and "error" not in r and "skipped" not in r
+        rel = f"{r['peak_mb'] / full['peak_mb']:.2f}" if good(r) and good(full) and full["peak_mb"] > 0 else "—"
         lines.append(f"| {m} | {_fmt(r, 'seconds')} | {_fmt(r, 'peak_mb')} | {rel} |")
     return "\n".join(lines)
 
@@ -116,6 +134,8 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--train-n", type=int, default=10000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per measurement")
+    p.add_argument("--quadratic-max", type=int, default=QUADRATIC_MAX_N,
+                   help="largest N for the quadratic full and kernel attention")
     p.add_argument("--write", default=None, help="write the report into this markdown file")
     p.add_argument("--worker", nargs=4, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -125,14 +145,18 @@ def main(argv: list[str] | None = None) -> str:
         return ""
     if any(n < 1 for n in a.sizes) or a.train_n < 1:
         raise SystemExit("pointformers benchmark: --sizes and --train-n must be positive")
-    results = []
-    for n in a.sizes:
+    results, prev = [], {}
+    for n in sorted(a.sizes):
         for m in ("hept", "hept-materialized", "full", "kernel"):
-            if m in ("full", "kernel") and n > QUADRATIC_MAX_N:
+            if m in ("full", "kernel") and n > a.quadratic_max:
                 continue
             rep = 1 if (m != "hept" and n > 10000) else a.repeats
-            results.append(run_one(m, n, "forward", rep, a.timeout))
-            print(json.dumps(results[-1]), flush=True)
+            why = skip_reason(prev.get(m), m, n, rep, a.timeout)
+            r = ({"mechanism": m, "n": n, "mode": "forward", "skipped": why} if why
+                 else run_one(m, n, "forward", rep, a.timeout))
+            results.append(r)
+            prev[m] = r
+            print(json.dumps(r), flush=True)
     for m in ("hept", "hept-materialized", "full"):
         results.append(run_one(m, a.train_n, "train", 1, a.timeout))
         print(json.dumps(results[-1]), flush=True)
