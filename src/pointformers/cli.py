@@ -458,6 +458,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "(pointformers benchmark --help for its options)")
     b.add_argument("args", nargs=argparse.REMAINDER, help="passed to pointformers.bench.suite")
     b.set_defaults(func=cmd_benchmark, threads=None)
+
+    from .export.cli import add_export_parser
+
+    add_export_parser(sub)  # pointformers export --checkpoint RUN/best.pt --format onnx|torch.export
     return p
 
 

@@ -502,11 +502,20 @@ def infonce_loss(
         return emb.sum() * 0.0
 
     u, v = ei
-    diff = emb[u] - emb[v]
+    # A mirrored list (second half = first half reversed, same labels: the layout of
+    # TrackingCloud.pairs() and TrackingTask.loss) has each distance twice; compute it once.
+    # index_select, unlike emb[u], back-propagates with a plain index_add.
+    h = ei.shape[1] // 2
+    mirrored = (ei.shape[1] == 2 * h and h > 0 and torch.equal(ei[0, h:], ei[1, :h])
+                and torch.equal(ei[1, h:], ei[0, :h]) and torch.equal(is_pos[h:], is_pos[:h]))
+    a, b = (u[:h], v[:h]) if mirrored else (u, v)
+    diff = emb.index_select(0, a) - emb.index_select(0, b)
     if similarity == "l2_rbf":
         logits = torch.exp(-torch.linalg.vector_norm(diff, dim=1) / (2.0 * sigma**2)) / tau
     else:
         logits = torch.exp(-(diff * diff).sum(dim=1) / tau)
+    if mirrored:
+        logits = torch.cat([logits, logits])
 
     n = emb.shape[0]
     neg = ~is_pos

@@ -146,6 +146,18 @@ def knn_baseline_metrics(clouds: Sequence[TrackingCloud], pt_min: float = 0.9, K
     return evaluate_embeddings([knn_eta_phi_embedding(c.inputs) for c in clouds], clouds, pt_min, K)
 
 
+def _mirrored(pairs: TrackingPairs, n_listed: int) -> TrackingPairs:
+    """The same directed pairs laid out as ``[half, half reversed]`` so :func:`infonce_loss`
+    computes each distance once. ``pairs`` = a mirrored list of ``n_listed`` pairs followed by
+    undirected random pairs (both directions of each, as :func:`add_random_pairs` appends)."""
+    h = n_listed // 2
+    extra = pairs.edge_index[:, n_listed:]
+    one_way = extra[0] < extra[1]  # no self pairs among the random ones
+    half = torch.cat([pairs.edge_index[:, :h], extra[:, one_way]], dim=1)
+    pos = torch.cat([pairs.is_positive[:h], pairs.is_positive[n_listed:][one_way]])
+    return TrackingPairs(torch.cat([half, half.flip(0)], dim=1), pos.repeat(2), pairs.particle_id, pairs.eligible)
+
+
 class TrackingTask:
     """InfoNCE training and AP@k evaluation of per-hit embeddings (spec §3.4, §4.4).
 
@@ -177,7 +189,7 @@ class TrackingTask:
         """InfoNCE of one cloud; random extra pairs are drawn from ``generator``."""
         pairs = cloud.pairs()
         if self.random_pairs > 0:
-            pairs = add_random_pairs(pairs, self.random_pairs, generator=generator)
+            pairs = _mirrored(add_random_pairs(pairs, self.random_pairs, generator=generator), pairs.num_pairs)
         dev = next(model.parameters()).device
         emb = model(cloud.inputs.x.to(dev), cloud.inputs.coords.to(dev))
         return infonce_loss(emb, pairs.to(dev), similarity=self.similarity, tau=self.tau, sigma=self.sigma)
