@@ -419,3 +419,74 @@ def test_block_padding_invariance(norm_position):
     assert bool((y[~mask] == 0).all())
     for b in range(2):
         torch.testing.assert_close(y[b][mask[b]], blk(xs[b][None], ps[b][None])[0], atol=1e-6, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# eval / no-grad fast path (CPU inference kernels) against the general path
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("blocks", [1 << 19, 64, 7])  # whole groups per tile / key chunks / key and query chunks
+def test_transposed_maxout_kernel_equals_dense(blocks):
+    from pointformers.attention.sft import maxout_scores_t
+    g = torch.Generator().manual_seed(20)
+    q = torch.randn(5, 11, 4, generator=g, dtype=torch.float64)
+    k = torch.randn(5, 6, 4, generator=g, dtype=torch.float64)
+    k[0, 0] = q[0, 0]  # ties
+    got = maxout_scores_t(q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), 0.25, blocks)
+    torch.testing.assert_close(got, 0.25 * maxout_scores_dense(q, k).transpose(1, 2), atol=1e-13, rtol=0)
+
+
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+@pytest.mark.parametrize("opts", [{}, {"hard_eval": True}, {"leak_mode": "per_query"}, {"leaky": False}])
+@pytest.mark.parametrize("k", [3, 7])  # k' ≤ d_h = 4 (P (V Wₒᵀ) association) and k' > d_h
+def test_eval_fast_path_equals_general_path(norm_position, opts, k):
+    g = torch.Generator().manual_seed(21)
+    torch.manual_seed(21)
+    blk = SFTBlock(DIM, heads=3, k=k, norm_position=norm_position, **opts).double().eval()
+    sizes = [13, 9, 5]                      # n ≥ 2k, k < n < 2k (some bins without partner), n < k
+    xs = [torch.randn(n, DIM, generator=g, dtype=torch.float64) for n in sizes]
+    mask = _rand_mask(sizes, 16, g)
+    x = torch.full((3, 16, DIM), float("nan"), dtype=torch.float64)   # padding may hold anything
+    for b in range(3):
+        x[b, mask[b]] = xs[b]
+    with torch.no_grad():
+        for b, xb in enumerate(xs):
+            xb = xb[None]
+            assert blk.attn.fast_path_applies(xb)
+            fast, fast_attn = blk(xb), blk.attn(xb)
+            assert torch.equal(blk(xb, None, torch.ones(1, len(xs[b]), dtype=torch.bool)), fast)  # all-True mask
+            blk.attn.fast_inference = False
+            general, general_attn = blk(xb), blk.attn(xb)
+            blk.attn.fast_inference = True
+            torch.testing.assert_close(fast, general, atol=1e-12, rtol=0)
+            torch.testing.assert_close(fast_attn, general_attn, atol=1e-12, rtol=0)
+            if not ({"hard_eval", "leak_mode"} & opts.keys()):   # the literal formulas (soft duplets, summed leak)
+                ref = sft_reference(blk.attn, xb, None, torch.ones(xb.shape[:2], dtype=torch.bool))
+                torch.testing.assert_close(fast_attn, ref, atol=1e-12, rtol=0)
+            # a padded batch (general path) gives the cloud the same output as the fast path alone
+            torch.testing.assert_close(blk(x, None, mask)[b][mask[b]], fast[0], atol=1e-12, rtol=0)
+        fast = blk(xs[0][None])
+    torch.testing.assert_close(blk(xs[0][None]).detach(), fast, atol=1e-12, rtol=0)  # autograd on: general path
+
+
+def test_fast_path_keeps_the_input_checks():
+    blk = SFTBlock(DIM, heads=3, k=4).eval()
+    x = torch.randn(2, 10, DIM)
+    with torch.no_grad():
+        for bad in (float("nan"), float("inf")):
+            xb = x.clone()
+            xb[1, 3, 2] = bad
+            for f in (blk, blk.attn):
+                with pytest.raises(ValueError, match="NaN or inf"):
+                    f(xb)
+                with pytest.raises(ValueError, match="NaN or inf"):
+                    f(xb, None, torch.ones(2, 10, dtype=torch.bool))
+        with pytest.raises(ValueError, match="feature size"):
+            blk(torch.randn(2, 10, DIM + 1))
+        with pytest.raises(ValueError, match="bool"):
+            blk(x, None, torch.ones(2, 10))
+        with pytest.raises(ValueError, match="pos"):
+            blk(x, torch.randn(2, 9, 3))
+        blk.attn(torch.full((1, 4, DIM), 3e38))        # finite, but its sum overflows: accepted, no error
+        y = x.clone()
+        blk(y)
+        assert torch.equal(y, x)                         # the caller's tensor is never written in place

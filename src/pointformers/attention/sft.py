@@ -36,6 +36,12 @@ ranks of the rest ("stratified": rank k + ⌊(j + ½)·m/k⌋ of the m ranked le
 counterpart of a uniform draw), so a cloud gives the same output alone or in a padded batch.
 The paper never describes inference; the spec (§2.8) suggests soft duplets without noise, which is
 the default (``hard_eval=True`` uses S₁ alone).
+
+Inference path: in ``eval()`` with autograd off, on the CPU, for ``rpe="none"`` and a batch without
+padding (mask None or all True), :meth:`SFTAttention._forward_fast` / :meth:`SFTBlock._forward_fast`
+compute the same function with fewer passes over memory (transposed layouts, a blocked maxout
+kernel, in-place ReLU/GeLU, biases and residuals folded into GEMMs, a row-blocked FFN). Everything
+else takes the general path; tests check the two agree.
 """
 from __future__ import annotations
 
@@ -51,6 +57,13 @@ from .registry import register
 from .sampling import NEG_INF, gather_rows, gumbel_noise, softplus_power_ratio, stable_descending_order, work_dtype
 
 _RPE_KINDS = ("none", "points", "sequence", "graph")
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _linear_t(lin: nn.Linear, xt: torch.Tensor) -> torch.Tensor:
+    """``lin(x)`` transposed, from xt = xᵀ (B, in, n) (any strides) -> (B, out, n) contiguous; bias fused in the GEMM."""
+    w = lin.weight.expand(xt.shape[0], *lin.weight.shape)
+    return torch.bmm(w, xt) if lin.bias is None else torch.baddbmm(lin.bias[:, None], w, xt)
 
 
 # --------------------------------------------------------------------------------------------
@@ -63,7 +76,10 @@ class _MaxoutScore(torch.autograd.Function):
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, chunk_elems: int) -> torch.Tensor:
         ctx.save_for_backward(q, k)
         ctx.chunk_elems = chunk_elems
-        l1 = torch.cdist(q, k, p=1.0)  # (G, n, m); CPU/CUDA kernels loop over pairs, no broadcast buffer
+        if q.device.type == "cpu":
+            # (G, m, n) result returned as a (G, n, m) view: the blocked kernel beats cdist on CPU
+            return maxout_scores_t(q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()).transpose(1, 2)
+        l1 = torch.cdist(q, k, p=1.0)  # (G, n, m); CUDA kernel loops over pairs, no broadcast buffer
         return 0.5 * (q.sum(-1, keepdim=True) + k.sum(-1).unsqueeze(-2) + l1)
 
     @staticmethod
@@ -86,6 +102,45 @@ class _MaxoutScore(torch.autograd.Function):
             if need_k:
                 gk += 0.5 * (gs.sum(1).unsqueeze(-1) - torch.einsum("gcm,gcmd->gmd", gs, sign))
         return gq, gk, None
+
+
+def maxout_scores_t(qt: torch.Tensor, kt: torch.Tensor, scale: float = 1.0, block_elems: int = 1 << 19) -> torch.Tensor:
+    """Transposed pairwise maxout ``S[g, j, i] = scale · Σ_c max(qt[g, c, i], kt[g, c, j])`` (no autograd).
+
+    qt (G, d, n), kt (G, d, m), both contiguous -> (G, m, n) contiguous. The CPU kernel behind
+    ``cdist(p=1)`` reduces every pair with a scalar loop; here each block is one vectorised
+    ``maximum`` over a cache-sized (d, m', n') tile (queries contiguous, a key broadcast per row)
+    followed by the channel sum as a (1 × d) GEMM, which also applies ``scale``. Exact up to float
+    summation order; the work buffer holds at most ``block_elems`` elements (one reused tile).
+    """
+    G, d, n = qt.shape
+    m = kt.shape[2]
+    out = qt.new_empty(G, m, n)
+    w = qt.new_full((1, d), scale)
+    if d * m * n <= block_elems:  # several whole groups per tile
+        gc = min(G, block_elems // (d * m * n))
+        buf = qt.new_empty(gc, d, m, n)
+        wg = w.expand(gc, 1, d)
+        for s in range(0, G, gc):
+            e = min(G, s + gc)
+            b = buf[: e - s]
+            torch.maximum(qt[s:e, :, None, :], kt[s:e, :, :, None], out=b)
+            torch.bmm(wg[: e - s], b.view(e - s, d, m * n), out=out[s:e].view(e - s, 1, m * n))
+        return out
+    kc = max(1, block_elems // (d * n))           # keys per tile
+    nc = n if kc > 1 else max(1, block_elems // d)  # with one key per tile, queries are split too
+    buf = qt.new_empty(d * kc * nc)
+    for g in range(G):
+        qg, kg, og = qt[g], kt[g], out[g]
+        for s in range(0, m, kc):
+            e = min(m, s + kc)
+            for t in range(0, n, nc):
+                u = min(n, t + nc)
+                b = buf[: d * (e - s) * (u - t)].view(d, e - s, u - t)
+                torch.maximum(qg[:, None, t:u], kg[:, s:e, None], out=b)
+                # og[s:e, t:u] is contiguous: either t:u spans all of n, or e − s = 1
+                torch.mm(w, b.view(d, -1), out=og[s:e, t:u].view(1, -1))
+    return out
 
 
 def maxout_scores(q: torch.Tensor, k: torch.Tensor, chunk_elems: int = 1 << 22) -> torch.Tensor:
@@ -160,22 +215,26 @@ class SFTSampler(nn.Module):
         self.k, self.tau, self.drop_token, self.partner, self.gumbel = k, float(tau), float(drop_token), partner, gumbel
         self.score = nn.Linear(dim, 1)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, generator: torch.Generator | None = None) -> SFTSample:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, generator: torch.Generator | None = None) -> SFTSample:
+        """``mask`` None means every point is real (skips the masking work; same result as all True)."""
         B, N, _ = x.shape
         dev = x.device
         wd = work_dtype(x.dtype)
         z = self.score(x).squeeze(-1).to(wd)                                   # (B, N)
         if self.training and self.gumbel:
             z = z + gumbel_noise((B, N), dtype=wd, device=dev, generator=generator)
+        if mask is None and self.training and self.drop_token > 0:
+            mask = torch.ones(B, N, dtype=torch.bool, device=dev)
         cand = mask
         if self.training and self.drop_token > 0:
             drop = torch.rand((B, N), device=dev, generator=generator) < self.drop_token
             best = z.masked_fill(~mask, NEG_INF).argmax(-1)
             drop[torch.arange(B, device=dev), best] = False
             cand = mask & ~drop
-        z = z.masked_fill(~cand, NEG_INF)
+        if cand is not None:
+            z = z.masked_fill(~cand, NEG_INF)
         _, order = stable_descending_order(z)                                   # (B, N)
-        n_c = cand.sum(-1)                                                      # (B,)
+        n_c = cand.sum(-1) if cand is not None else torch.full((B,), N, device=dev)  # (B,) candidates
         k = min(self.k, N)
         j = torch.arange(k, device=dev)
         idx_top = order[:, :k]
@@ -366,6 +425,10 @@ class SFTAttention(TokenMixer):
         return out
 
     # ---- forward ------------------------------------------------------------------------------
+    #: Use :meth:`_forward_fast` where it applies (see :meth:`fast_path_applies`); tests switch it
+    #: off to compare with the general path.
+    fast_inference: bool = True
+
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
                 edge_attr: torch.Tensor | None = None, generator: torch.Generator | None = None,
                 **unused) -> torch.Tensor:
@@ -373,11 +436,97 @@ class SFTAttention(TokenMixer):
 
         ``generator``: optional RNG for the sampler's training randomness (default: global RNG).
         """
+        mask = self.validate(x, pos, mask)
+        if mask is None and self.fast_path_applies(x):
+            return self._forward_fast(x)
+        return self._forward_general(x, pos, mask, edge_attr=edge_attr, generator=generator)
+
+    def validate(self, x, pos, mask, who: str = "sft") -> torch.Tensor | None:
+        """Check the contract inputs once; returns the mask, or None when every point is real.
+
+        The common case (no padding, or an all-True mask; finite x and pos) costs one reduction per
+        tensor: a sum is finite only if every element is (NaN and inf propagate). Anything else
+        goes through :func:`check_attention_inputs`, which raises the descriptive ``ValueError``
+        (or, when the sum merely overflowed, returns the mask).
+        """
+        B_N = x.shape[:2] if isinstance(x, torch.Tensor) and x.dim() == 3 else None
+        if (B_N is not None and x.dtype in _FLOATS and x.shape[-1] == self.dim and x.numel() > 0
+                and self._pos_well_formed(x, pos)
+                and (mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+                                      and mask.shape == B_N and mask.device == x.device and bool(mask.all())))
+                and bool(torch.isfinite(x.sum())) and (pos is None or bool(torch.isfinite(pos.sum())))):
+            return None
         if self.rpe == "points":
             mask = check_attention_inputs(x, pos, mask, dim=self.dim, requires_pos=True,
-                                          min_pos_dim=self.normal_dims + 1, who="sft")
+                                          min_pos_dim=self.normal_dims + 1, who=who)
         else:
-            mask = check_attention_inputs(x, pos, mask, dim=self.dim, who="sft")
+            mask = check_attention_inputs(x, pos, mask, dim=self.dim, who=who)
+        return None if bool(mask.all()) else mask
+
+    def _pos_well_formed(self, x, pos) -> bool:
+        if pos is None:
+            return self.rpe != "points"
+        return (isinstance(pos, torch.Tensor) and pos.dim() == 3 and pos.shape[:2] == x.shape[:2]
+                and pos.dtype in _FLOATS and pos.device == x.device
+                and (self.rpe != "points" or pos.shape[-1] >= self.normal_dims + 1))
+
+    def fast_path_applies(self, x: torch.Tensor) -> bool:
+        """Inference kernels apply: eval, autograd off, CPU, no relative features, float32/64.
+
+        (Only for inputs without padding: callers check that the mask is None.)
+        """
+        return (self.fast_inference and not self.training and not torch.is_grad_enabled() and self.rpe == "none"
+                and not self.dense_reference and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64))
+
+    def _forward_fast(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Eval/no-grad attention for a batch without padding (``rpe="none"``); ``residual + attn(x)`` if given.
+
+        Same mathematics as :meth:`_forward_general`, laid out for the CPU: everything runs with
+        the queries on the contiguous axis, i.e. on Qᵀ (B·h, d_h, N), Kᵀ/Vᵀ (B·h, d_h, k') and the
+        attention map Aᵀ (B·h, k', N), so no ``transpose().contiguous()`` copy is needed (GEMMs
+        take transposed operands for free); the maxout is :func:`maxout_scores_t` with the 1/√d_h
+        folded into its channel sum; ReLU is in place; rows are normalised after ``P V`` (d_h
+        divisions per query instead of k'); biases and the residual are GEMM accumulators.
+        """
+        B, N, _ = x.shape
+        H, d = self.heads, self.head_dim
+        samp = self.sampler(x, None)
+        x1 = gather_rows(x, samp.idx_top)
+        if self.hard_eval:
+            xs = x1                                                                    # p := 1
+        else:
+            pcol = samp.p.unsqueeze(-1)
+            xs = pcol * x1 + (1 - pcol) * gather_rows(x, samp.idx_rand)               # (B, k', D) duplets
+        kk = xs.shape[1]
+        xst = xs.transpose(1, 2)
+        qt = _linear_t(self.w_q, x.transpose(1, 2)).view(B * H, d, N)                 # Qᵀ
+        kt = _linear_t(self.w_k, xst).view(B * H, d, kk)                              # Kᵀ
+        vt = _linear_t(self.w_v, xst).view(B * H, d, kk)                              # Vᵀ
+        num = maxout_scores_t(qt, kt, scale=1.0 / math.sqrt(d)).relu_()               # (B·h, k', N)
+        den = num.sum(1).add_(self.eps)                                                # (B·h, N)
+        if self.leaky:
+            if self.leak_mode == "per_key_sum":
+                den += F.softplus(self.w_c(xs)).sum(1).view(B * H, 1)                 # Σ_keys Softplus(C)
+            else:
+                den += F.softplus(self.w_c(x)).transpose(1, 2).reshape(B * H, N)
+        wo = self.out_linear.weight.t()                                                # (h·d, D)
+        if kk <= d:
+            # Associate as P (V Wₒᵀ): U_h = V_h Wₒ,ₕᵀ is (k' × D) per head, so the final GEMM over
+            # [P_1 … P_h] (N × h·k') is no larger than the output projection and P·V disappears.
+            num.div_(den.unsqueeze(1))                                                 # P, (B·h, k', N)
+            u = torch.matmul(vt.view(B, H, d, kk).transpose(-1, -2), wo.view(H, d, self.dim))  # (B, h, k', D)
+            a, w = num.view(B, H * kk, N).transpose(1, 2), u.view(B, H * kk, self.dim)
+        else:
+            o = torch.bmm(vt, num).div_(den.unsqueeze(1))                              # (B·h, d, N) = (P V)ᵀ
+            a, w = o.view(B, H * d, N).transpose(1, 2), wo.expand(B, H * d, self.dim)  # (B, N, h·d) view
+        if residual is None:
+            return torch.baddbmm(self.out_linear.bias, a, w)
+        return (residual + self.out_linear.bias).baddbmm_(a, w)
+
+    def _forward_general(self, x, pos, mask, *, edge_attr=None, generator=None, **unused) -> torch.Tensor:
+        """The general path (training, autograd, padding, relative features); inputs already validated."""
+        if mask is None:
+            mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         if self.rpe == "graph":
             edge_attr = self._check_edge_attr(edge_attr, x, mask)
         B, N, _ = x.shape
@@ -461,16 +610,60 @@ class SFTBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 **attn_kwargs) -> torch.Tensor:
-        mask = check_attention_inputs(x, pos, mask, dim=self.attn.dim, who="sft block")
+        mask = self.attn.validate(x, pos, mask, who="sft block")   # once per block call
+        if mask is None and not self.training and isinstance(self.ffn[1], nn.GELU) and self.attn.fast_path_applies(x):
+            return self._forward_fast(x)
+        if mask is None:
+            mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         keep = mask.unsqueeze(-1)
         x = x.masked_fill(~keep, 0.0)
+        attn = self.attn._forward_general
         if self.norm_position == "pre":
-            x = x + self.dropout(self.attn(self.norm1(x), pos, mask, **attn_kwargs))
+            x = x + self.dropout(attn(self.norm1(x), pos, mask, **attn_kwargs))
             x = x + self.dropout(self.ffn(self.norm2(x)))
         else:
-            x = self.norm1(x + self.dropout(self.attn(x, pos, mask, **attn_kwargs)))
+            x = self.norm1(x + self.dropout(attn(x, pos, mask, **attn_kwargs)))
             x = self.norm2(x + self.dropout(self.ffn(x)))
         return x.masked_fill(~keep, 0.0)
+
+    def _forward_fast(self, x: torch.Tensor) -> torch.Tensor:
+        """Eval/no-grad block without padding: residuals are folded into the output GEMMs."""
+        if self.norm_position == "pre":
+            x = self.attn._forward_fast(self.norm1(x), residual=x)         # a new tensor: x is the caller's
+            return self._ffn_fast(self.norm2(x), residual=x, inplace=True)  # ours: accumulate into it
+        x = self.norm1(self.attn._forward_fast(x, residual=x))
+        return self.norm2(self._ffn_fast(x, residual=x))                     # x is also the FFN input
+
+    def _ffn_fast(self, h: torch.Tensor, residual: torch.Tensor, inplace: bool = False,
+                  block_elems: int = 1 << 18) -> torch.Tensor:
+        """``residual + W₂·GeLU(W₁h + b₁) + b₂`` over row blocks, no autograd.
+
+        The (rows × 4D) hidden block is one reused, cache-sized buffer: no 4·B·N·D activation is
+        allocated, GeLU (exact, as ``nn.GELU``) runs in place on it, and the second GEMM
+        accumulates straight into the output, which starts as ``residual + b₂`` (``residual``
+        itself when ``inplace``; it must then not share memory with ``h``).
+        """
+        lin1, act, _, lin2 = self.ffn
+        D = h.shape[-1]
+        h2 = h.reshape(-1, D)
+        if lin2.bias is None:
+            y = residual if inplace else residual.clone()
+        else:
+            y = residual.add_(lin2.bias) if inplace else residual + lin2.bias
+        y2 = y.view(-1, y.shape[-1])
+        rows = max(1, min(h2.shape[0], block_elems // lin1.out_features))
+        buf = h.new_empty(rows, lin1.out_features)
+        w1, w2 = lin1.weight.t(), lin2.weight.t()
+        for s in range(0, h2.shape[0], rows):
+            e = min(h2.shape[0], s + rows)
+            b = buf[: e - s]
+            if lin1.bias is None:
+                torch.mm(h2[s:e], w1, out=b)
+            else:
+                torch.addmm(lin1.bias, h2[s:e], w1, out=b)
+            torch.ops.aten.gelu_(b, approximate=act.approximate)
+            y2[s:e].addmm_(b, w2)
+        return y
 
 
 class SFTEncoder(nn.Module):
