@@ -82,6 +82,16 @@ def region_codes(eta: torch.Tensor, phi: torch.Tensor, mask: torch.Tensor, regio
     Returns:
         (B, T, H, Np) int64 codes.
     """
+    r_eta, r_phi, top = region_indices(eta, phi, mask, regions, block_size)
+    bits = torch.ceil(torch.log2(top.double() + 1)).to(torch.int64)
+    return (r_phi << bits) | r_eta
+
+
+def region_indices(eta: torch.Tensor, phi: torch.Tensor, mask: torch.Tensor, regions: torch.Tensor,
+                   block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """1-based η and φ region indices ``(B, T, H, Np)`` each, and the largest real η index per
+    (cloud, table, head) ``(B, T, H, 1)`` (it sets the bit width of the packed code).
+    Arguments as :func:`region_codes`."""
     n_real = mask.sum(-1)
     n_pad = (torch.div(n_real + block_size - 1, block_size, rounding_mode="floor") * block_size)
     n_pad = n_pad.to(regions.dtype).view(-1, 1, 1)
@@ -92,9 +102,8 @@ def region_codes(eta: torch.Tensor, phi: torch.Tensor, mask: torch.Tensor, regio
 
     r_eta = axis(eta, regions[:, 0])
     r_phi = axis(phi, regions[:, 1])
-    top = r_eta.masked_fill(~mask[:, None, None, :], 0).amax(-1, keepdim=True)  # (B, T, H, 1)
-    bits = torch.ceil(torch.log2(top.double() + 1)).to(torch.int64)
-    return (r_phi << bits) | r_eta
+    top = r_eta.masked_fill(~mask[:, None, None, :], 0).amax(-1, keepdim=True)
+    return r_eta, r_phi, top
 
 
 class HEPTRegions(nn.Module):

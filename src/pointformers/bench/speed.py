@@ -55,8 +55,13 @@ def build_model(mechanism: str):
 
 def worker(mechanism: str, n: int, mode: str, repeats: int) -> dict:
     """One measurement in this process: median seconds and peak MB of forward or forward+backward."""
-    model = build_model(mechanism)
-    x, coords = make_inputs(n)
+    step = model_step(build_model(mechanism), *make_inputs(n), mode)
+    return {"mechanism": mechanism, "n": n, "mode": mode, **measure(step, repeats)}
+
+
+def model_step(model: torch.nn.Module, x: torch.Tensor, coords: torch.Tensor, mode: str):
+    """A no-argument callable: the model's eval forward without grad (``mode="forward"``) or one
+    training forward + backward of a scalar loss (``"train"``); sets the model's mode."""
     if mode == "forward":
         model.eval()
 
@@ -69,8 +74,7 @@ def worker(mechanism: str, n: int, mode: str, repeats: int) -> dict:
         def step():
             model.zero_grad(set_to_none=True)
             model(x, coords).pow(2).mean().backward()
-
-    return {"mechanism": mechanism, "n": n, "mode": mode, **measure(step, repeats)}
+    return step
 
 
 def skip_reason(prev: dict | None, mechanism: str, n: int, repeats: int, timeout: float) -> str | None:

@@ -104,24 +104,11 @@ def write_intro(path: str, text: str) -> None:
 def model_worker(n: int, mode: str, repeats: int, device: str) -> dict:
     """The HEPT tracking model of :mod:`.speed` on ``device``: median seconds and peak MB."""
     from .mechanisms import measure_cuda
-    from .speed import build_model, make_inputs
+    from .speed import build_model, make_inputs, model_step
 
     dev = torch.device(device)
-    model = build_model("hept").to(dev)
     x, coords = (t.to(dev) for t in make_inputs(n))
-    if mode == "forward":
-        model.eval()
-
-        def step():
-            with torch.no_grad():
-                model(x, coords)
-    else:
-        model.train()
-
-        def step():
-            model.zero_grad(set_to_none=True)
-            model(x, coords).pow(2).mean().backward()
-
+    step = model_step(build_model("hept").to(dev), x, coords, mode)
     step()  # warm-up
     if dev.type == "cuda":
         return measure_cuda(step, repeats, dev)

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.hept import HEPTAttention, masked_range
-from ..attention.hept_regions import _ranks
+from ..attention.hept_regions import region_indices
 from ..attention.kernel import DENOM_EPS, KernelAttention, rbf_logits
 
 #: The training path's lower logit clamp (see :mod:`pointformers.attention.block_attention`).
@@ -65,18 +65,8 @@ def region_codes(eta: torch.Tensor, phi: torch.Tensor, mask: torch.Tensor, regio
         (B, T, H, N) int64 codes (meaningless at padded points, which sort last anyway).
     """
     # float32 as the training path (HEPTRegions.forward): ceil(n_pad / B) must round identically
-    regions = regions.float()
-    n_real = mask.sum(-1)
-    n_pad = torch.div(n_real + block_size - 1, block_size, rounding_mode="floor") * block_size
-    n_pad = n_pad.to(regions.dtype).view(-1, 1, 1)
-
-    def axis(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        size = torch.ceil(n_pad / counts.unsqueeze(0)).to(torch.int64)  # (B, T, H)
-        return torch.div(_ranks(values, mask)[:, None, None, :], size[..., None], rounding_mode="floor") + 1
-
-    r_eta = axis(eta, regions[:, 0])
-    r_phi = axis(phi, regions[:, 1])
-    top = r_eta.masked_fill(~mask[:, None, None, :], 0).amax(-1, keepdim=True)  # (B, T, H, 1)
+    r_eta, r_phi, top = region_indices(eta, phi, mask, regions.float(), block_size)
+    # no log2 / bit shifts (not exportable everywhere): count the powers of two <= top instead
     pow2 = _powers_of_two(eta.device)
     bits = (top.unsqueeze(-1) >= pow2).sum(-1)  # = ceil(log2(top + 1)) for top >= 0, exactly
     return r_phi * pow2[bits] + r_eta
