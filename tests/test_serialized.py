@@ -1,6 +1,7 @@
 """Serialized patch attention: hand-computed curve codes, patch reference, curves per layer, contract."""
 import pytest
 import torch
+from padded_batches import cloud, scattered_batch
 
 from pointformers.attention.full import FullAttention
 from pointformers.attention.registry import build
@@ -8,39 +9,9 @@ from pointformers.attention.serialized import SerializedAttention
 from pointformers.attention.space_filling import CURVES, curve_code, hilbert_code, quantize, serialize, z_order_code
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Hundreds of tiny ops: on shared cores, intra-op threads only add synchronisation latency."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make(dim=16, heads=4, patch_size=8, seed=0, **kw):
     torch.manual_seed(seed)
     return SerializedAttention(dim, heads, patch_size=patch_size, **kw).double()
-
-
-def scattered_batch(clouds, g, extra=3):
-    """Clouds (x (n, D), pos (n, P)) placed at random order-preserving positions of rows of
-    max(n) + extra; padding holds huge values and NaN. -> x, pos, mask, list of positions."""
-    N = max(c[0].shape[0] for c in clouds) + extra
-    B = len(clouds)
-    x = torch.full((B, N, clouds[0][0].shape[1]), 1e6, dtype=torch.float64)
-    pos = torch.full((B, N, clouds[0][1].shape[1]), float("nan"), dtype=torch.float64)
-    x[:, ::2, 0] = float("nan")
-    mask = torch.zeros(B, N, dtype=torch.bool)
-    where = []
-    for b, (xc, pc) in enumerate(clouds):
-        p = torch.randperm(N, generator=g)[: xc.shape[0]].sort().values
-        x[b, p], pos[b, p], mask[b, p] = xc, pc, True
-        where.append(p)
-    return x, pos, mask, where
-
-
-def cloud(n, g, dim=16, P=3):
-    return (torch.randn(n, dim, generator=g, dtype=torch.float64), torch.randn(n, P, generator=g, dtype=torch.float64))
 
 
 def grid(side, P):
