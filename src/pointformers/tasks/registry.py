@@ -1,0 +1,104 @@
+"""Tasks by name: what the CLI and the engine need to train and evaluate any (task, model) pair.
+
+A task registers one :class:`TaskSpec`. A config names it with ``task.name``; the spec
+declares the keys its ``data:`` and ``task:`` sections accept (with defaults), loads the
+prepared samples of each split, and builds the object the engine trains with
+(:class:`pointformers.engine.Task`: ``loss(model, sample, generator)`` and
+``evaluate(model, samples) -> dict``).
+
+Schema convention (shared with :mod:`pointformers.cli`): ``key -> tuple of accepted types``
+where ``None`` in the tuple allows YAML null, ``float`` also accepts ints and numeric
+strings, ``dict``/``list`` accept mappings/sequences.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+__all__ = ["TaskSpec", "register_task", "get_task", "available_tasks"]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task's description for configs, the CLI and the engine.
+
+    Attributes:
+        name: the value of ``task.name`` in a config (e.g. ``"tracking"``, ``"pileup"``).
+        description: one line for ``--help`` and error messages.
+        data_schema, data_defaults: keys of the ``data:`` section and their default values
+            (every schema key must have a default; ``None`` allowed when the schema allows it).
+        task_schema, task_defaults: the same for the ``task:`` section (without ``name``).
+        load: ``load(cfg, splits, progress) -> {split: [sample, ...]}`` -- generate or read the
+            data (cached on disk where that helps) and prepare model inputs and targets.
+        build: ``build(cfg) -> task object`` with ``loss`` and ``evaluate`` (see module doc).
+        metric, mode: the validation metric key that selects ``best.pt`` and "max"/"min".
+        validate: optional ``validate(cfg)``: extra range checks of a resolved config; raise
+            ``ValueError("section.key: what was expected, got ...")`` (one line).
+        generate: optional ``generate(cfg, splits) -> list[str]``: write the data set's cache
+            files for ``pointformers generate``; returns the paths written.
+        default_model: the model name a config of this task uses when it names none.
+    """
+
+    name: str
+    description: str
+    data_schema: Mapping[str, tuple]
+    data_defaults: Mapping[str, Any]
+    task_schema: Mapping[str, tuple]
+    task_defaults: Mapping[str, Any]
+    load: Callable[[Mapping[str, Any], Sequence[str], bool], dict[str, list]]
+    build: Callable[[Mapping[str, Any]], Any]
+    metric: str
+    mode: str = "max"
+    validate: Callable[[Mapping[str, Any]], None] | None = None
+    generate: Callable[[Mapping[str, Any], Sequence[str]], list[str]] | None = None
+    default_model: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("max", "min"):
+            raise ValueError(f"TaskSpec {self.name!r}: mode must be 'max' or 'min', got {self.mode!r}")
+        for section, schema, defaults in (("data", self.data_schema, self.data_defaults),
+                                          ("task", self.task_schema, self.task_defaults)):
+            missing = sorted(set(schema) - set(defaults))
+            unknown = sorted(set(defaults) - set(schema))
+            if missing or unknown:
+                raise ValueError(f"TaskSpec {self.name!r}: {section} defaults must cover exactly the schema keys "
+                                 f"(missing {missing}, unknown {unknown})")
+
+
+_TASKS: dict[str, TaskSpec] = {}
+
+
+def register_task(spec: TaskSpec) -> TaskSpec:
+    """Add ``spec`` under ``spec.name`` (a second registration of the same name is an error)."""
+    if spec.name in _TASKS and _TASKS[spec.name] is not spec:
+        raise ValueError(f"task {spec.name!r} is already registered")
+    _TASKS[spec.name] = spec
+    return spec
+
+
+def _load_builtin() -> None:
+    # Task modules register themselves on import; importing them here keeps the registry
+    # complete for the CLI without the lower layers importing the CLI.
+    import importlib
+
+    for mod in _BUILTIN_MODULES:
+        importlib.import_module(mod)
+
+
+#: Modules that define the built-in tasks (each calls :func:`register_task` at import).
+_BUILTIN_MODULES: list[str] = []
+
+
+def available_tasks() -> list[str]:
+    """Sorted names of the registered tasks."""
+    _load_builtin()
+    return sorted(_TASKS)
+
+
+def get_task(name: str) -> TaskSpec:
+    """The :class:`TaskSpec` named ``name``; ValueError listing the valid names otherwise."""
+    _load_builtin()
+    if name not in _TASKS:
+        raise ValueError(f"task.name: unknown task {name!r} (valid: {', '.join(sorted(_TASKS))})")
+    return _TASKS[name]
