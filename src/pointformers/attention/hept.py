@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .block_attention import DEFAULT_CHUNK_ELEMS, projected_rows, projected_sorted_block_attention
+from .block_attention import DEFAULT_CHUNK_ELEMS, projected_sorted_block_attention
 from .hept_regions import HEPTContext, HEPTRegions
 from .kernel import KernelAttention
 from .registry import register
@@ -105,25 +105,32 @@ class HEPTAttention(KernelAttention):
         wv = torch.cat([projection(self.w_v.weight), one_row], 1).reshape(-1, Din)
         return xp.reshape(B * Np, Din), wq, wk, wv
 
-    def sort_indices(self, qa: torch.Tensor, ka: torch.Tensor, ctx: HEPTContext):
-        """Per-table sort orders as row numbers into the (B·Np·H) rows. q', k' (B, Np, H, d+c+2) -> 2 × (B·H, T, Np)."""
+    def head_sort_orders(self, qa: torch.Tensor, ka: torch.Tensor, ctx: HEPTContext, h: int):
+        """Head ``h``'s per-table sort orders. q', k' rows (B·Np, d+c+2) -> iq, ik (B, T, Np) row numbers b·Np + i."""
         with torch.no_grad():
-            alpha = self.alpha.to(qa.dtype)
-            D = alpha.shape[1]
-            lq = torch.einsum("bnhd,hdt->bthn", qa[..., :D], alpha)  # E2LSH base hash (no bucketing) of q̂, k̂
-            lk = torch.einsum("bnhd,hdt->bthn", ka[..., :D], alpha)
-            delta = masked_range(lq, lk, ctx.mask)
-            offset = ctx.codes.to(qa.dtype) * delta
-            pad = ~ctx.mask[:, None, None, :]
+            B, Np = ctx.mask.shape
+            alpha = self.alpha[h].to(qa.dtype)  # (d + c, T)
+            D = alpha.shape[0]
+            lq = (qa[:, :D] @ alpha).view(B, Np, -1).transpose(1, 2)  # E2LSH base hash (no bucketing) of q̂, k̂
+            lk = (ka[:, :D] @ alpha).view(B, Np, -1).transpose(1, 2)
+            delta = masked_range(lq[:, :, None], lk[:, :, None], ctx.mask)[:, :, 0]  # (B, T, 1)
+            offset = ctx.codes[:, :, h].to(qa.dtype) * delta
+            pad = ~ctx.mask[:, None, :]
             tq = (lq + offset).masked_fill_(pad, float("inf"))
             tk = (lk + offset).masked_fill_(pad, float("inf"))
-            B, T, H, Np = tq.shape
-            # row of (cloud b, point i, head h) in the (B, Np, H) layout: (b·Np + i)·H + h
-            base = (torch.arange(B, device=qa.device).view(B, 1, 1, 1) * (Np * H)
-                    + torch.arange(H, device=qa.device).view(1, 1, H, 1))
-            iq = torch.argsort(tq, dim=-1, stable=True).mul_(H).add_(base)
-            ik = torch.argsort(tk, dim=-1, stable=True).mul_(H).add_(base)
-        return iq.transpose(1, 2).reshape(B * H, T, Np), ik.transpose(1, 2).reshape(B * H, T, Np)
+            base = torch.arange(B, device=qa.device).view(B, 1, 1) * Np
+            iq = torch.argsort(tq, dim=-1, stable=True).add_(base)
+            ik = torch.argsort(tk, dim=-1, stable=True).add_(base)
+        return iq, ik
+
+    def sort_indices(self, qa: torch.Tensor, ka: torch.Tensor, ctx: HEPTContext):
+        """All heads' sort orders as row numbers into (B, Np, H) rows. q', k' (B, Np, H, d+c+2) -> 2 × (B·H, T, Np)."""
+        B, Np, H, _ = qa.shape
+        iq, ik = zip(*(self.head_sort_orders(qa[:, :, h].reshape(B * Np, -1), ka[:, :, h].reshape(B * Np, -1), ctx, h)
+                       for h in range(H)))
+        # row of (cloud b, point i, head h) in the (B, Np, H) layout: (b·Np + i)·H + h
+        heads = torch.arange(H, device=qa.device).view(1, H, 1, 1)
+        return tuple((torch.stack(o, 1) * H + heads).reshape(B * H, -1, Np) for o in (iq, ik))
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 context: HEPTContext | None = None, **unused) -> torch.Tensor:
@@ -140,9 +147,7 @@ class HEPTAttention(KernelAttention):
             pos = torch.cat([pos, pos.new_zeros(B, Np - N, pos.shape[-1])], 1)
         H, d = self.heads, self.head_dim
         xp, wq, wk, wv = self.projection_inputs(x, pos, ctx.mask)
-        with torch.no_grad():
-            rows = projected_rows(xp, wq, wk, wv, H)
-        iq, ik = self.sort_indices(rows[0].view(B, Np, H, -1), rows[1].view(B, Np, H, -1), ctx)
-        o = projected_sorted_block_attention(xp, wq, wk, wv, H, iq, ik, self.block_size, self.chunk_elems, rows)
+        o = projected_sorted_block_attention(xp, wq, wk, wv, H, lambda qa, ka, h: self.head_sort_orders(qa, ka, ctx, h),
+                                             self.block_size, self.chunk_elems)
         y = self.out_linear(o.view(B, Np, H * d))  # rows are (b, i, h): heads concatenated h-major
         return self.zero_padding(y, ctx.mask)[:, :N]
