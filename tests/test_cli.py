@@ -114,6 +114,15 @@ def test_train_then_evaluate(tmp_path: Path, capsys) -> None:
     assert f"{test_ap:.4f}" in printed and "kNN" in printed
     err = _one_line_error(capsys, ["evaluate", "--checkpoint", str(out / "missing.pt")])
     assert "missing.pt" in err
+    # plot: learning curves plus the tracking task's event display of a validation cloud from best.pt.
+    assert main(["plot", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for name in ("learning_curves.png", "event_display.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and str(out / name) in printed
+    # generate: the tracking caches of the config's preset, one file per split.
+    assert main(["generate", "--set", "data.preset=tiny", "--splits", "val,test"]) == 0
+    paths = [line for line in capsys.readouterr().out.splitlines() if line.endswith(".npz")]
+    assert len(paths) == 2 and all(Path(p).is_file() and "tiny-" in Path(p).name for p in paths)
 
 
 # ------------------------------------------------------------------------------ display pieces

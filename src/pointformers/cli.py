@@ -1,22 +1,26 @@
-"""The ``pointformers`` command: ``demo``, ``train``, ``evaluate``, ``benchmark`` and ``export``.
+"""The ``pointformers`` command: ``demo``, ``train``, ``evaluate``, ``benchmark``, ``generate``,
+``plot`` and ``export``.
 
-Configs are small YAML files with four sections and an output folder::
+Configs are YAML files with four sections and an output folder (:mod:`pointformers.engine.config`)::
 
-    data:  {preset: small, seed: 0, cache_dir: null}
+    data:  {preset: small, seed: 0, cache_dir: null}          # the task's data keys
     model: {name: hept-tracking, options: {num_regions: 8}}
-    task:  {similarity: l2_rbf, tau: 0.05, sigma: 0.75, random_pairs: 0.2, ...}
-    train: {epochs: 8, lr: 0.001, step_size: 4, gamma: 0.5, seed: 42, ...}
+    task:  {name: tracking, similarity: l2_rbf, tau: 0.05, ...} # task.name picks the task (default tracking)
+    train: {epochs: 8, lr: 0.001, step_size: 4, batch_size: 1, precision: fp32, ...}
     out: runs/tracking-hept-small
 
 Any key can be overridden with ``--set section.key=value`` (values are parsed as YAML).
-Unknown keys and bad values stop the command with a one-line error naming the key.
-``configs/tracking-hept-small.yaml`` is :data:`DEMO_CONFIG` written out.
+Unknown keys and bad values stop the command with a one-line error naming the key. Keys a
+config file leaves out take the task's defaults (the papers' settings); without
+``--config``, ``train`` and ``demo`` start from :data:`DEMO_CONFIG`
+(== ``configs/tracking-hept-small.yaml``).
+
+Multi-GPU / multi-node: ``torchrun --nproc_per_node G -m pointformers.cli train --config F``
+(every process runs the same command; rank 0 writes the run folder).
 """
 from __future__ import annotations
 
 import argparse
-import copy
-import inspect
 import math
 import os
 import sys
@@ -24,11 +28,10 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["DEMO_CONFIG", "ConfigError", "load_config", "resolve_config", "main"]
+from .engine.config import ConfigError, dump_config, resolve_config
+from .engine.config import load_config as _load_config
 
-
-class ConfigError(ValueError):
-    """A bad config key or value; the message is one line starting with the dotted key."""
+__all__ = ["DEMO_CONFIG", "ConfigError", "load_config", "resolve_config", "main", "format_metrics_table"]
 
 
 #: The demo's configuration (== configs/tracking-hept-small.yaml), chosen by validation runs on
@@ -51,201 +54,23 @@ DEMO_CONFIG: dict[str, Any] = {
     "out": "runs/tracking-hept-small",
 }
 
-# key -> accepted types (None = YAML null). Floats also accept ints and numeric strings
-# (PyYAML reads "1e-3" as a string).
-_SCHEMA: dict[str, Any] = {
-    "data": {"preset": (str,), "seed": (int,), "cache_dir": (str, None)},
-    "model": {"name": (str,), "options": (dict,)},
-    "task": {"similarity": (str,), "tau": (float,), "sigma": (float,), "random_pairs": (float,), "pt_min": (float,),
-             "radius": (float,), "max_num_neighbors": (int,)},
-    "train": {"epochs": (int,), "lr": (float,), "step_size": (int,), "gamma": (float,), "weight_decay": (float,),
-              "seed": (int,), "progress": (bool, None)},
-    "out": (str,),
-}
-
-
-# ------------------------------------------------------------------------------- config
-def _coerce(key: str, value: Any, types: tuple) -> Any:
-    if value is None:
-        if None in types:
-            return None
-        raise ConfigError(f"{key}: must not be null")
-    if float in types and not isinstance(value, bool):
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    if int in types:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if bool in types:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true, false or null, got {value!r}")
-        return value
-    if str in types:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    if dict in types:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
-    return value  # pragma: no cover
-
-
-def _merge(base: dict, override: Mapping, prefix: str = "") -> dict:
-    """Recursive dict merge that rejects keys outside :data:`_SCHEMA` (model.options is free-form)."""
-    out = copy.deepcopy(base)
-    for k, v in override.items():
-        key = f"{prefix}{k}"
-        schema = _lookup_schema(key)
-        if isinstance(schema, dict):
-            if not isinstance(v, Mapping):
-                raise ConfigError(f"{key}: expected a section (mapping), got {v!r}")
-            out[k] = _merge(out.get(k, {}), v, key + ".")
-        elif key == "model.options":
-            if v is None:
-                v = {}
-            if not isinstance(v, Mapping):
-                raise ConfigError(f"{key}: expected a mapping, got {v!r}")
-            out[k] = {**out.get(k, {}), **dict(v)}
-        else:
-            out[k] = v
-    return out
-
-
-def _lookup_schema(key: str) -> Any:
-    """The schema entry of a dotted key; ConfigError (one line) for an unknown key."""
-    node: Any = _SCHEMA
-    parts = key.split(".")
-    for i, p in enumerate(parts):
-        if key.startswith("model.options.") and i >= 2:
-            return None  # free-form model options, checked when the model is built
-        if not isinstance(node, dict) or p not in node:
-            where = ".".join(parts[:i])
-            valid = sorted(node) if isinstance(node, dict) else []
-            raise ConfigError(f"unknown config key {key!r}" + (f" (valid keys{' in ' + repr(where) if where else ''}: "
-                                                              f"{', '.join(valid)})" if valid else ""))
-        node = node[p]
-    return node
-
-
-def parse_set(items: Sequence[str]) -> dict:
-    """``["train.epochs=3", "model.options.num_regions=4"]`` -> nested dict (values parsed as YAML)."""
-    import yaml
-
-    out: dict = {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected key=value")
-        key, raw = item.split("=", 1)
-        key = key.strip()
-        if not key:
-            raise ConfigError(f"--set {item!r}: empty key")
-        _lookup_schema(key)
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            value = raw
-        node = out
-        parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return out
-
 
 def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
                 base: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """:data:`DEMO_CONFIG` (or ``base``) updated by the YAML file at ``path`` and ``--set`` items,
-    validated by :func:`resolve_config`."""
-    import yaml
-
-    cfg = copy.deepcopy(dict(base) if base is not None else DEMO_CONFIG)
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"--config {str(p)!r}: no such file")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--config {str(p)!r}: invalid YAML ({str(exc).splitlines()[0]})") from exc
-        if not isinstance(loaded, Mapping):
-            raise ConfigError(f"--config {str(p)!r}: expected a mapping at the top level")
-        cfg = _merge(cfg, loaded)
-    cfg = _merge(cfg, parse_set(overrides))
-    return resolve_config(cfg)
+    """The resolved config: ``base`` -- by default :data:`DEMO_CONFIG` without a file, the task's
+    defaults with one -- updated by the YAML file at ``path`` and the ``--set`` items."""
+    if base is None and path is None:
+        base = DEMO_CONFIG
+    return _load_config(path, overrides, base=base)
 
 
-def resolve_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Type-check every key and value range; returns a normalised copy. Raises ConfigError."""
-    from .data.tracking import PRESETS
-    from .engine import TrainConfig
-    from .tasks.tracking_training import TrackingTask
+# ------------------------------------------------------------------------------ helpers
+def _spec(cfg: Mapping[str, Any]):
+    from .tasks.registry import get_task
 
-    cfg = _merge({"data": {}, "model": {}, "task": {}, "train": {}}, cfg)
-    out: dict[str, Any] = {}
-    for section, schema in _SCHEMA.items():
-        if not isinstance(schema, dict):
-            if section not in cfg:
-                raise ConfigError(f"{section}: missing")
-            out[section] = _coerce(section, cfg[section], schema)
-            continue
-        out[section] = {}
-        for k, types in schema.items():
-            if k not in cfg[section]:
-                raise ConfigError(f"{section}.{k}: missing")
-            out[section][k] = _coerce(f"{section}.{k}", cfg[section][k], types)
-    d, t, tr = out["data"], out["task"], out["train"]
-    if d["preset"] not in PRESETS:
-        raise ConfigError(f"data.preset: unknown preset {d['preset']!r} (valid: {', '.join(sorted(PRESETS))})")
-    if d["seed"] < 0:
-        raise ConfigError(f"data.seed: must be >= 0, got {d['seed']}")
-    from .models import available
-
-    if out["model"]["name"] not in available():
-        raise ConfigError(f"model.name: unknown model {out['model']['name']!r} (valid: {', '.join(available())})")
-    _check_model_options(out["model"]["name"], out["model"]["options"])
-    try:
-        TrackingTask(t["similarity"], t["tau"], t["sigma"], t["random_pairs"], t["pt_min"])
-    except ValueError as exc:
-        raise ConfigError(f"task.{exc}") from None
-    if not (t["radius"] > 0 and math.isfinite(t["radius"])):
-        raise ConfigError(f"task.radius: must be a finite number > 0, got {t['radius']}")
-    if t["max_num_neighbors"] < 1:
-        raise ConfigError(f"task.max_num_neighbors: must be >= 1, got {t['max_num_neighbors']}")
-    try:
-        TrainConfig(**tr).validate()
-    except ValueError as exc:
-        raise ConfigError(f"train.{exc}") from None
-    return out
+    return get_task(cfg["task"]["name"])
 
 
-def _check_model_options(name: str, options: Mapping[str, Any]) -> None:
-    """Reject option names the model's constructor does not take (one line, naming the key)."""
-    from .models import PointTransformerJK
-
-    if name in ("hept-tracking", "tracking-encoder"):
-        valid = set(inspect.signature(PointTransformerJK).parameters) | ({"attention"} if name == "tracking-encoder" else set())
-        for k in options:
-            if k not in valid:
-                raise ConfigError(f"unknown config key 'model.options.{k}' (valid: {', '.join(sorted(valid))})")
-
-
-def dump_config(cfg: Mapping[str, Any]) -> str:
-    import yaml
-
-    return yaml.safe_dump(dict(cfg), sort_keys=False)
-
-
-# ------------------------------------------------------------------------------ running
 def _build_model(cfg: Mapping[str, Any]):
     import torch
 
@@ -258,16 +83,235 @@ def _build_model(cfg: Mapping[str, Any]):
         raise ConfigError(f"model.options: {str(exc).splitlines()[0]}") from None
 
 
-def _task(cfg: Mapping[str, Any]):
-    from .tasks.tracking_training import TrackingTask
-
-    t = cfg["task"]
-    return TrackingTask(t["similarity"], t["tau"], t["sigma"], t["random_pairs"], t["pt_min"])
+def _fmt(v: float | None) -> str:
+    return "  n/a " if v is None or not math.isfinite(v) else f"{v:.4f}"
 
 
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Rows ``{"model", "ap@k", "precision@K", "recall@K"}`` as an aligned text table (the demo's)."""
+    w = max([len("model")] + [len(r["model"]) for r in rows])
+    lines = [f"{'model':<{w}}  {'AP@k':>7}  {'prec@19':>7}  {'rec@19':>7}", "-" * (w + 29)]
+    for r in rows:
+        lines.append(f"{r['model']:<{w}}  {_fmt(r.get('ap@k')):>7}  {_fmt(r.get('precision@K')):>7}  "
+                     f"{_fmt(r.get('recall@K')):>7}")
+    return "\n".join(lines)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    v = float(v)
+    if not math.isfinite(v):
+        return "n/a"
+    return str(int(v)) if v.is_integer() and abs(v) >= 1000 else f"{v:.4f}"
+
+
+def format_metrics_table(rows: Sequence[tuple[str, Mapping[str, float]]]) -> str:
+    """``[(row name, {metric: value})]`` as an aligned table with one column per metric (in the
+    order the metrics first appear)."""
+    cols: list[str] = []
+    for _, m in rows:
+        cols += [k for k in m if k not in cols]
+    w = max([len("model")] + [len(name) for name, _ in rows])
+    widths = [max(len(c), 7) for c in cols]
+    lines = [f"{'model':<{w}}  " + "  ".join(f"{c:>{cw}}" for c, cw in zip(cols, widths)),
+             "-" * (w + sum(cw + 2 for cw in widths))]
+    for name, m in rows:
+        lines.append(f"{name:<{w}}  " + "  ".join(f"{_cell(m.get(c)):>{cw}}" for c, cw in zip(cols, widths)))
+    return "\n".join(lines)
+
+
+def _splits_arg(raw: str) -> list[str]:
+    splits = [s.strip() for s in raw.split(",") if s.strip()]
+    bad = [s for s in splits if s not in ("train", "val", "test")]
+    if not splits or bad:
+        raise ValueError(f"--splits: expected a comma-separated subset of train,val,test, got {raw!r}")
+    return splits
+
+
+# ------------------------------------------------------------------------------ train
+def cmd_train(args: argparse.Namespace) -> int:
+    from .engine import TrainConfig, fit, progress_enabled
+    from .engine.distributed import barrier, init_distributed, shutdown_distributed
+
+    cfg = load_config(args.config, args.set)
+    out = Path(args.out or cfg["out"])
+    cfg["out"] = str(out)
+    spec = _spec(cfg)
+    env = init_distributed(cfg["train"]["device"])
+    try:
+        t0 = time.perf_counter()
+        show = env.is_main and progress_enabled(cfg["train"]["progress"])
+        if env.distributed and not env.is_main:
+            barrier(env)  # rank 0 generates and caches the data first; the others then read the cache
+        samples = spec.load(cfg, ("train", "val", "test"), show)
+        if env.distributed and env.is_main:
+            barrier(env)
+        t_data = time.perf_counter() - t0
+        if env.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.yaml").write_text(dump_config(cfg))
+            print(f"{spec.name}: {len(samples['train'])}/{len(samples['val'])}/{len(samples['test'])} "
+                  f"train/val/test samples ({t_data:.1f} s); {env.world_size} process(es) on {env.device}")
+        model = _build_model(cfg)
+        res = fit(model, spec.build(cfg), samples["train"], samples["val"], TrainConfig(**cfg["train"]), out,
+                  cfg["model"]["name"], cfg["model"]["options"], test=samples.get("test"), resume=args.resume,
+                  extra={"config": cfg}, dist=env)
+        if env.is_main:
+            metric = cfg["train"]["metric"]
+            print(f"best epoch {res.best_epoch}: val {metric} {_fmt(res.best_metric)}; "
+                  f"test {metric} {_fmt((res.test or {}).get(metric))}")
+            print(f"checkpoint: {out / 'best.pt'}  metrics: {out / 'metrics.json'}, {out / 'metrics.csv'}  "
+                  f"({res.seconds + t_data:.1f} s)")
+    finally:
+        shutdown_distributed(env)
+    return 0
+
+
+# ------------------------------------------------------------------------------ evaluate
+def _config_for_checkpoint(args: argparse.Namespace, ckpt: Mapping[str, Any]) -> dict[str, Any]:
+    if args.config is not None:
+        return load_config(args.config, args.set)
+    stored = (ckpt.get("extra") or {}).get("config")
+    return load_config(None, args.set, base=stored if isinstance(stored, Mapping) else DEMO_CONFIG)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import contextlib
+
+    import torch
+
+    from .engine import load_checkpoint, model_from_checkpoint
+    from .engine.distributed import resolve_device
+
+    ckpt = load_checkpoint(args.checkpoint, required=("model", "model_name", "model_config"))
+    cfg = _config_for_checkpoint(args, ckpt)
+    spec = _spec(cfg)
+    device = resolve_device(cfg["train"]["device"])
+    model = model_from_checkpoint(ckpt, map_location=device)
+    task = spec.build(cfg)
+    report = hasattr(task, "evaluate_report") and args.split == "test"
+    splits = ("val", "test") if report else (args.split,)
+    samples = spec.load(cfg, splits, False)
+    ctx = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if cfg["train"]["precision"] == "bf16"
+           else contextlib.nullcontext())
+    with ctx:
+        metrics = (task.evaluate_report(model, samples["val"], samples["test"]) if report
+                   else task.evaluate(model, samples[args.split]))
+    name = f"{ckpt['model_name']} ({Path(args.checkpoint).name}, epoch {ckpt.get('epoch', '?')})"
+    rows = [(name, {k: float(v) for k, v in metrics.items()})]
+    if spec.baselines is not None:
+        rows += list(spec.baselines(cfg, samples[args.split]).items())
+    print(f"{spec.name} / {args.split}: {len(samples[args.split])} samples"
+          + (" (settings chosen on the validation split)" if report else ""))
+    print(format_metrics_table(rows))
+    return 0
+
+
+# ------------------------------------------------------------------------------ generate
+def cmd_generate(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.set)
+    spec = _spec(cfg)
+    splits = _splits_arg(args.splits)
+    t0 = time.perf_counter()
+    if spec.generate is not None:
+        paths = spec.generate(cfg, splits)
+    else:  # no cache files of its own: loading is the generation
+        samples = spec.load(cfg, splits, False)
+        paths = [f"{s}: {len(samples[s])} samples (task {spec.name!r} keeps no cache files)" for s in splits]
+    for p in paths:
+        print(p)
+    print(f"{spec.name}: {', '.join(splits)} ready ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+# ------------------------------------------------------------------------------ plot
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .engine import load_checkpoint, model_from_checkpoint
+    from .engine.plots import draw_learning_curves, read_history
+
+    run = Path(args.run_dir)
+    out = Path(args.out) if args.out else run
+    history, meta = read_history(run)
+    cfg_meta = (meta.get("extra") or {}).get("config") if isinstance(meta.get("extra"), Mapping) else None
+    metric = (meta.get("config") or {}).get("metric")
+    title = f"{run.name}: {meta.get('model_name', '')}".rstrip(": ")
+    written = [draw_learning_curves(history, out / "learning_curves.png", title=title, metric=metric)]
+    best = run / "best.pt"
+    if not args.no_task_plots and isinstance(cfg_meta, Mapping) and best.is_file():
+        cfg = load_config(None, (), base=cfg_meta)
+        spec = _spec(cfg)
+        if spec.plot is not None:
+            ckpt = load_checkpoint(best, required=("model", "model_name", "model_config"))
+            model = model_from_checkpoint(ckpt)
+            val = spec.load(cfg, ("val",), False)["val"]
+            written += [Path(p) for p in spec.plot(cfg, model, val, out)]
+    for p in written:
+        print(p)
+    return 0
+
+
+# ------------------------------------------------------------------------------ benchmark
+def cmd_benchmark_config(args: argparse.Namespace) -> int:
+    import json
+
+    from .engine.benchmark import benchmark_task_model
+    from .engine.distributed import resolve_device
+
+    cfg = load_config(args.config, args.set)
+    spec = _spec(cfg)
+    if args.samples < 1 or args.repeats < 1:
+        raise ValueError(f"--samples/--repeats: must be >= 1, got {args.samples}, {args.repeats}")
+    samples = spec.load(cfg, (args.split,), False)[args.split][: args.samples]
+    if args.split != "train" and samples and not _has_training_targets(spec, cfg, samples[0]):
+        samples = spec.load(cfg, ("train",), False)["train"][: args.samples]  # loss needs training targets
+    device = resolve_device(cfg["train"]["device"])
+    model = _build_model(cfg)
+    r = benchmark_task_model(model, spec.build(cfg), samples, device, cfg["train"]["precision"],
+                             repeats=args.repeats, warmup=args.warmup)
+    print(f"{spec.name} / {cfg['model']['name']} ({r['parameters']} parameters) on {r['device']}, {r['precision']}, "
+          f"{r['num_samples']} samples, median of {r['repeats']}:")
+    print(f"  train step  {r['train_step_ms']:10.2f} ms/sample")
+    print(f"  evaluate    {r['evaluate_ms']:10.2f} ms/sample")
+    print(f"  memory      {r['peak_memory_mb']:10.1f} MiB ({r['memory_kind']})")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({**r, "config": cfg}, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _has_training_targets(spec, cfg, sample) -> bool:
+    """Whether ``task.loss`` works on ``sample`` (tracking's evaluation clouds carry no pairs)."""
+    return bool(getattr(sample, "has_pairs", True))
+
+
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    from .bench import suite
+
+    suite.main(list(args.args))
+    return 0
+
+
+def _benchmark_config_parser() -> argparse.ArgumentParser:
+    b = argparse.ArgumentParser(prog="pointformers benchmark",
+                                description="Time a configured model's training step and evaluation per sample.")
+    b.add_argument("--config", required=True, help="YAML config of the (task, model) pair")
+    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    b.add_argument("--split", default="train", choices=("train", "val", "test"), help="samples to time (default: train)")
+    b.add_argument("--samples", type=int, default=4, help="number of samples (default 4)")
+    b.add_argument("--repeats", type=int, default=3, help="timed rounds, the median is reported (default 3)")
+    b.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
+    b.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    b.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    b.set_defaults(func=cmd_benchmark_config, command="benchmark")
+    return b
+
+
+# ------------------------------------------------------------------------------ demo
 def _prepare(cfg: Mapping[str, Any], splits: Sequence[str], pairs_for: Sequence[str] = ("train",),
              progress: bool = False, keep_events: bool = False) -> tuple[dict, dict]:
-    """Load the splits and precompute inputs/pairs. Returns (clouds per split, timings)."""
+    """Tracking clouds per split, keeping the events for the demo's display. Returns (clouds, timings)."""
     from .tasks.tracking_training import load_tracking_splits, prepare_tracking_clouds
 
     d, t = cfg["data"], cfg["task"]
@@ -282,72 +326,14 @@ def _prepare(cfg: Mapping[str, Any], splits: Sequence[str], pairs_for: Sequence[
     return clouds, {"data_s": t1 - t0, "prepare_s": time.perf_counter() - t1}
 
 
-def _train(cfg: Mapping[str, Any], clouds: Mapping[str, list], out: Path, resume: bool = False,
-           log=print):
-    from .engine import TrainConfig, fit
-
-    model = _build_model(cfg)
-    result = fit(model, _task(cfg), clouds["train"], clouds["val"], TrainConfig(**cfg["train"]), out,
-                 cfg["model"]["name"], cfg["model"]["options"], test=clouds.get("test"), resume=resume,
-                 extra={"config": cfg}, log=log)
-    return model, result
-
-
-def _fmt(v: float) -> str:
-    return "  n/a " if v is None or not math.isfinite(v) else f"{v:.4f}"
-
-
-def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Rows ``{"model", "ap@k", "precision@K", "recall@K"}`` as an aligned text table."""
-    w = max([len("model")] + [len(r["model"]) for r in rows])
-    lines = [f"{'model':<{w}}  {'AP@k':>7}  {'prec@19':>7}  {'rec@19':>7}", "-" * (w + 29)]
-    for r in rows:
-        lines.append(f"{r['model']:<{w}}  {_fmt(r['ap@k']):>7}  {_fmt(r['precision@K']):>7}  {_fmt(r['recall@K']):>7}")
-    return "\n".join(lines)
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    from .engine import progress_enabled, write_json
-
-    cfg = load_config(args.config, args.set)
-    out = Path(args.out or cfg["out"])
-    cfg["out"] = str(out)
-    clouds, timing = _prepare(cfg, ("train", "val", "test"), progress=progress_enabled(cfg["train"]["progress"]))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(dump_config(cfg))
-    _, res = _train(cfg, clouds, out, resume=args.resume)
-    print(f"best epoch {res.best_epoch}: val AP@k {_fmt(res.best_metric)}; test AP@k {_fmt((res.test or {}).get('ap@k'))}")
-    print(f"checkpoint: {out / 'best.pt'}  metrics: {out / 'metrics.json'}  ({res.seconds + sum(timing.values()):.1f} s)")
-    return 0
-
-
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .engine import load_checkpoint, model_from_checkpoint
-    from .tasks.tracking_training import knn_baseline_metrics
-
-    ckpt = load_checkpoint(args.checkpoint, required=("model", "model_name", "model_config"))
-    base = (ckpt.get("extra") or {}).get("config") or DEMO_CONFIG
-    cfg = load_config(args.config, args.set, base=base if args.config is None else DEMO_CONFIG)
-    model = model_from_checkpoint(ckpt)
-    clouds, _ = _prepare(cfg, (args.split,), pairs_for=())
-    m = _task(cfg).evaluate(model, clouds[args.split])
-    rows = [{"model": f"{ckpt['model_name']} ({Path(args.checkpoint).name}, epoch {ckpt.get('epoch', '?')})", **m},
-            {"model": "kNN in (eta, phi)", **knn_baseline_metrics(clouds[args.split], cfg["task"]["pt_min"])}]
-    print(f"{cfg['data']['preset']} / {args.split}: {len(clouds[args.split])} clouds")
-    print(format_table(rows))
-    return 0
-
-
 def run_demo(out: str | os.PathLike = "runs/demo", epochs: int | None = None, preset: str | None = None,
              config: str | None = None, overrides: Sequence[str] = (), log=print) -> dict[str, Any]:
     """Generate data, train HEPT, evaluate against the untrained model and kNN in (η, φ), draw the
     event display. Writes ``results.json``, ``event_display.png``, checkpoints and metrics to
     ``out``; returns the results dict."""
-    import torch
-
-    from .engine import progress_enabled, write_json
-    from .tasks.tracking_display import choose_eps, draw_event_display
+    from .engine import TrainConfig, fit, progress_enabled, write_json
     from .tasks.tracking import ap_at_k, cluster_tracks
+    from .tasks.tracking_display import choose_eps, draw_event_display
     from .tasks.tracking_training import knn_baseline_metrics
 
     t_all = time.perf_counter()
@@ -357,6 +343,9 @@ def run_demo(out: str | os.PathLike = "runs/demo", epochs: int | None = None, pr
     if preset is not None:
         extra.append(f"data.preset={preset}")
     cfg = load_config(config, extra)
+    if cfg["task"]["name"] != "tracking":
+        raise ConfigError(f"task.name: the demo runs the tracking task, got {cfg['task']['name']!r} "
+                          f"(use pointformers train for other tasks)")
     out = Path(out)
     cfg["out"] = str(out)
     show = progress_enabled(cfg["train"]["progress"])
@@ -369,7 +358,7 @@ def run_demo(out: str | os.PathLike = "runs/demo", epochs: int | None = None, pr
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
 
-    task = _task(cfg)
+    task = _spec(cfg).build(cfg)
     untrained = _build_model(cfg)
     t0 = time.perf_counter()
     rows_untrained = task.evaluate(untrained, clouds["test"])
@@ -381,7 +370,9 @@ def run_demo(out: str | os.PathLike = "runs/demo", epochs: int | None = None, pr
     log(f"[2/4] training {cfg['model']['name']} {cfg['model']['options']}: {tr['epochs']} epochs, Adam lr {tr['lr']:g}, "
         f"StepLR({tr['step_size']}, {tr['gamma']:g})")
     t0 = time.perf_counter()
-    model, res = _train(cfg, clouds, out, log=lambda s: log("      " + s))
+    model = _build_model(cfg)
+    res = fit(model, task, clouds["train"], clouds["val"], TrainConfig(**tr), out, cfg["model"]["name"],
+              cfg["model"]["options"], test=clouds["test"], extra={"config": cfg}, log=lambda s: log("      " + s))
     timing["train_s"] = time.perf_counter() - t0
 
     log("[3/4] event display")
@@ -422,11 +413,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_benchmark(args: argparse.Namespace) -> int:
-    from .bench import suite
-
-    suite.main(list(args.args))
-    return 0
+# ------------------------------------------------------------------------------ parser
+def _config_args(p: argparse.ArgumentParser, config_help: str) -> None:
+    p.add_argument("--config", default=None, help=config_help)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. train.epochs=3 (repeatable)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: torch's choice; use 1 on a busy shared machine)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -437,29 +430,36 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="runs/demo", help="run folder (default: runs/demo)")
     d.add_argument("--epochs", type=int, default=None, help=f"epochs (default: {DEMO_CONFIG['train']['epochs']})")
     d.add_argument("--preset", default=None, help="tracking preset: tiny, small (default), tracking-6k, tracking-60k")
-    d.add_argument("--config", default=None, help="YAML config to start from instead of the built-in one")
-    d.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    d.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch (default: torch's choice, all cores; use 1 on a busy shared machine)")
+    _config_args(d, "YAML config to start from instead of the built-in one")
     d.set_defaults(func=cmd_demo)
 
-    t = sub.add_parser("train", help="train a model from a YAML config")
-    t.add_argument("--config", default=None, help="YAML config (default: the demo's)")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. train.epochs=3")
+    t = sub.add_parser("train", help="train a model from a YAML config (single process or under torchrun)")
+    _config_args(t, "YAML config (default: the demo's)")
     t.add_argument("--out", default=None, help="run folder (default: the config's 'out')")
-    t.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
-    t.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    t.add_argument("--resume", action="store_true", help="continue exactly from OUT/last.pt")
     t.set_defaults(func=cmd_train)
 
-    e = sub.add_parser("evaluate", help="evaluate a checkpoint on a split")
+    e = sub.add_parser("evaluate", help="evaluate a checkpoint on a split, printing every metric of the task")
     e.add_argument("--checkpoint", required=True, help="best.pt / last.pt written by train or demo")
-    e.add_argument("--config", default=None, help="YAML config (default: the one stored in the checkpoint)")
-    e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    _config_args(e, "YAML config (default: the one stored in the checkpoint)")
     e.add_argument("--split", default="test", choices=("train", "val", "test"))
-    e.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     e.set_defaults(func=cmd_evaluate)
+
+    g = sub.add_parser("generate", help="generate (or read) a config's data set and write its caches")
+    _config_args(g, "YAML config (default: the demo's)")
+    g.add_argument("--splits", default="train,val,test", help="comma-separated splits (default: train,val,test)")
+    g.set_defaults(func=cmd_generate)
+
+    pl = sub.add_parser("plot", help="draw a run's learning curves (and the task's figures, e.g. the event display)")
+    pl.add_argument("run_dir", metavar="RUN_DIR", help="folder written by pointformers train")
+    pl.add_argument("--out", default=None, help="folder for the PNG files (default: RUN_DIR)")
+    pl.add_argument("--no-task-plots", action="store_true", help="only the learning curves")
+    pl.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    pl.set_defaults(func=cmd_plot)
+
     b = sub.add_parser("benchmark", add_help=False,
-                       help="speed, memory, FLOPs and approximation benchmarks into docs/benchmarks.md "
+                       help="with --config F: time that model's training step and evaluation; without: the "
+                            "speed/memory/FLOPs/approximation suite of docs/benchmarks.md "
                             "(pointformers benchmark --help for its options)")
     b.add_argument("args", nargs=argparse.REMAINDER, help="passed to pointformers.bench.suite")
     b.set_defaults(func=cmd_benchmark, threads=None)
@@ -475,9 +475,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["benchmark"]:
-        # Everything after "benchmark" belongs to the suite's own parser (argparse's REMAINDER
-        # would reject a leading option such as --quick).
-        args = argparse.Namespace(command="benchmark", args=argv[1:], threads=None, func=cmd_benchmark)
+        rest = argv[1:]
+        if any(a == "--config" or a.startswith("--config=") for a in rest):
+            args = _benchmark_config_parser().parse_args(rest)
+        else:
+            # Everything after "benchmark" belongs to the suite's own parser (argparse's REMAINDER
+            # would reject a leading option such as --quick).
+            args = argparse.Namespace(command="benchmark", args=rest, threads=None, func=cmd_benchmark)
     else:
         args = parser.parse_args(argv)
     import torch
@@ -487,8 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.threads is not None:
             if args.threads < 1:
                 raise ValueError(f"--threads: must be >= 1, got {args.threads}")
-            # The demo's clouds (~1.5k hits) gain little from a second thread, while OpenMP
-            # threads that spin-wait on a core another process holds can slow a step 5-50x.
+            # Small clouds gain little from a second thread, while OpenMP threads that
+            # spin-wait on a core another process holds can slow a step 5-50x.
             torch.set_num_threads(args.threads)
         return int(args.func(args) or 0)
     except ValueError as exc:  # config and input errors: one line, no traceback

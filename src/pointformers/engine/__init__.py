@@ -1,18 +1,22 @@
-"""Engine: the training loop, optimiser/schedule, atomic checkpoints and metric logs."""
+"""Engine: the training loop, optimiser/schedule, atomic checkpoints, DDP and metric logs."""
 from .checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointError,
     atomic_write,
     load_checkpoint,
     model_from_checkpoint,
+    remove_stale_temporaries,
     save_checkpoint,
     write_json,
 )
+from .distributed import DistEnv, init_distributed, shutdown_distributed
+from .logs import read_metrics_csv, write_metrics_csv
 from .schedules import build_optimizer, build_step_lr
-from .trainer import Task, TrainConfig, TrainResult, fit, progress_enabled
+from .trainer import PRECISIONS, Task, TrainConfig, TrainResult, fit, progress_enabled, sample_generator
 
 __all__ = [
     "CHECKPOINT_FORMAT", "CheckpointError", "atomic_write", "load_checkpoint", "model_from_checkpoint",
-    "save_checkpoint", "write_json", "build_optimizer", "build_step_lr", "Task", "TrainConfig", "TrainResult",
-    "fit", "progress_enabled",
+    "remove_stale_temporaries", "save_checkpoint", "write_json", "DistEnv", "init_distributed",
+    "shutdown_distributed", "read_metrics_csv", "write_metrics_csv", "build_optimizer", "build_step_lr",
+    "PRECISIONS", "Task", "TrainConfig", "TrainResult", "fit", "progress_enabled", "sample_generator",
 ]

@@ -38,6 +38,7 @@ __all__ = [
     "load_checkpoint",
     "model_from_checkpoint",
     "write_json",
+    "remove_stale_temporaries",
 ]
 
 #: Value of the ``format`` key that marks a pointformers checkpoint.
@@ -89,6 +90,24 @@ def atomic_write(path: str | os.PathLike, write: Callable[[io.BufferedWriter], N
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def remove_stale_temporaries(directory: str | os.PathLike, names: tuple[str, ...]) -> list[Path]:
+    """Delete temporary files that :func:`atomic_write` left for ``names`` in ``directory`` when its
+    process was killed mid-write (SIGKILL, power loss: no cleanup could run). Returns the paths
+    removed. Only call this when no other process is writing those files."""
+    directory = Path(directory)
+    removed = []
+    if not directory.is_dir():
+        return removed
+    for name in names:
+        for p in directory.glob(f".{name}.*.tmp"):
+            try:
+                p.unlink()
+                removed.append(p)
+            except OSError:
+                pass
+    return removed
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: Mapping[str, Any]) -> Path:

@@ -5,3 +5,6 @@ from .hept_tracking import convert_reference_state_dict, from_reference_checkpoi
 
 __all__ = ["available", "build", "register_model", "PointTransformerJK", "from_reference_checkpoint",
            "convert_reference_state_dict", "hept_tracking"]
+from . import gnn  # noqa: F401,E402  (registers tracking-edgeconv, tracking-gravnet)
+from . import pileup  # noqa: F401,E402  (registers hept-pileup, pileup-encoder)
+from . import sft_models, samsa_models, sampled_models, flt_models, set_models, baselines  # noqa: F401,E402  (point/sequence/set models)

@@ -37,6 +37,13 @@ class TaskSpec:
         generate: optional ``generate(cfg, splits) -> list[str]``: write the data set's cache
             files for ``pointformers generate``; returns the paths written.
         default_model: the model name a config of this task uses when it names none.
+        extra: free-form metadata.
+        baselines: optional ``baselines(cfg, samples) -> {row name: metrics}``: reference
+            methods that need no training (e.g. tracking's kNN in (eta, phi)), printed by
+            ``pointformers evaluate`` beside the model.
+        plot: optional ``plot(cfg, model, samples, out_dir) -> list[Path]``: task-specific
+            figures of a trained model on validation samples (e.g. tracking's event display),
+            drawn by ``pointformers plot``.
     """
 
     name: str
@@ -53,6 +60,8 @@ class TaskSpec:
     generate: Callable[[Mapping[str, Any], Sequence[str]], list[str]] | None = None
     default_model: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    baselines: Callable[[Mapping[str, Any], Sequence[Any]], dict[str, dict[str, float]]] | None = None
+    plot: Callable[[Mapping[str, Any], Any, Sequence[Any], Any], list] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("max", "min"):
@@ -87,7 +96,7 @@ def _load_builtin() -> None:
 
 
 #: Modules that define the built-in tasks (each calls :func:`register_task` at import).
-_BUILTIN_MODULES: list[str] = []
+_BUILTIN_MODULES: list[str] = ["pointformers.tasks.tracking_spec", "pointformers.tasks.pileup"]
 
 
 def available_tasks() -> list[str]:

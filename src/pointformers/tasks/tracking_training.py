@@ -10,6 +10,9 @@
   ``accuracy@0.9``) averaged over clouds, with precision@K and recall@K.
 * :func:`evaluate_embeddings` scores any per-cloud embeddings, e.g. the kNN-in-(η, φ)
   baseline (:func:`knn_baseline_metrics`).
+* :meth:`TrackingTask.evaluate_report` adds track building: DBSCAN on the embeddings with
+  its radius chosen on the validation clouds (:mod:`.track_building`), scored on the test
+  clouds with the TrackML score (:mod:`.trackml_score`).
 """
 from __future__ import annotations
 
@@ -17,10 +20,13 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
 from ..data.event import TrackingEvent
+from .track_building import DEFAULT_REFINE, choose_dbscan_eps, track_building_score
+from .trackml_score import trackml_like_weights
 from .tracking import (
     TrackingInputs,
     TrackingPairs,
@@ -37,6 +43,7 @@ __all__ = [
     "TrackingCloud",
     "TrackingTask",
     "prepare_tracking_clouds",
+    "cloud_truth_weights",
     "evaluate_embeddings",
     "knn_baseline_metrics",
     "load_tracking_splits",
@@ -55,6 +62,8 @@ class TrackingCloud:
         half_positive: ``(E/2,)`` bool labels of ``half_edges`` (symmetric, so one suffices).
         event: the source event (kept for displays; hit order matches ``inputs``).
         pt_min: the pt filter the positive labels were built with.
+        weight: ``(n,)`` float64 TrackML truth weight of each hit (from the event), used by
+            the TrackML score; None when unknown (see :func:`cloud_truth_weights`).
     """
 
     inputs: TrackingInputs
@@ -62,6 +71,7 @@ class TrackingCloud:
     half_positive: torch.Tensor | None = None
     event: TrackingEvent | None = None
     pt_min: float = 0.9
+    weight: torch.Tensor | None = None
 
     @property
     def num_hits(self) -> int:
@@ -116,8 +126,30 @@ def prepare_tracking_clouds(
             keep = p.edge_index[0] < p.edge_index[1]  # the list is symmetric: keep one direction
             half_e = p.edge_index[:, keep].to(torch.int32).contiguous()
             half_p = p.is_positive[keep].contiguous()
-        out.append(TrackingCloud(inp, half_e, half_p, ev if keep_events else None, pt_min))
+        weight = torch.as_tensor(np.asarray(ev.weight, dtype=np.float64))
+        out.append(TrackingCloud(inp, half_e, half_p, ev if keep_events else None, pt_min, weight))
     return out
+
+
+def cloud_truth_weights(cloud: TrackingCloud) -> np.ndarray:
+    """The per-hit TrackML truth weights of a cloud, ``(n,)`` float64.
+
+    ``cloud.weight`` when set (the event's weights: official ones for TrackML files, the
+    generator's TrackML-like ones otherwise), else ``cloud.event.weight``; a cloud that has
+    neither (e.g. built by hand) gets :func:`~.trackml_score.trackml_like_weights` from its
+    particle ids, pT and hit order by distance from the origin, ``hypot(r, z)`` (coordinate
+    columns 2 and 4; exact for tracks that do not curl back).
+    """
+    n = cloud.num_hits
+    w = cloud.weight if cloud.weight is not None else (cloud.event.weight if cloud.event is not None else None)
+    if w is not None:
+        w = np.asarray(w.cpu().numpy() if isinstance(w, torch.Tensor) else w, dtype=np.float64)
+        if w.shape != (n,):
+            raise ValueError(f"cloud.weight: expected shape ({n},), got {w.shape}")
+        return w
+    c = cloud.inputs.coords.detach().cpu().double().numpy()
+    return trackml_like_weights(cloud.inputs.particle_id.cpu().numpy(), cloud.inputs.pt.cpu().numpy(),
+                                np.hypot(c[:, 2], c[:, 4]))
 
 
 def evaluate_embeddings(embeddings: Sequence[torch.Tensor], clouds: Sequence[TrackingCloud],
@@ -170,7 +202,7 @@ class TrackingTask:
     """
 
     def __init__(self, similarity: str = "l2_rbf", tau: float = 0.05, sigma: float = 0.75,
-                 random_pairs: float = 0.2, pt_min: float = 0.9, K: int = 19):
+                 random_pairs: float = 0.2, pt_min: float = 0.9, K: int = 19, dbscan_min_samples: int = 2):
         if similarity not in ("l2_rbf", "paper"):
             raise ValueError(f"similarity: expected 'l2_rbf' or 'paper', got {similarity!r}")
         for name, v in (("tau", tau), ("sigma", sigma)):
@@ -182,8 +214,11 @@ class TrackingTask:
             raise ValueError(f"pt_min: must be a finite number, got {pt_min!r}")
         if isinstance(K, bool) or not isinstance(K, int) or K < 1:
             raise ValueError(f"K: must be an integer >= 1, got {K!r}")
+        if isinstance(dbscan_min_samples, bool) or not isinstance(dbscan_min_samples, int) or dbscan_min_samples < 1:
+            raise ValueError(f"dbscan_min_samples: must be an integer >= 1, got {dbscan_min_samples!r}")
         self.similarity, self.tau, self.sigma = similarity, float(tau), float(sigma)
         self.random_pairs, self.pt_min, self.K = float(random_pairs), float(pt_min), K
+        self.dbscan_min_samples = dbscan_min_samples
 
     def loss(self, model: nn.Module, cloud: TrackingCloud, generator: torch.Generator | None = None) -> torch.Tensor:
         """InfoNCE of one cloud; random extra pairs are drawn from ``generator``."""
@@ -208,6 +243,36 @@ class TrackingTask:
     def evaluate(self, model: nn.Module, clouds: Sequence[TrackingCloud]) -> dict[str, float]:
         """:func:`evaluate_embeddings` of the model's embeddings (``"ap@k"`` is the main metric)."""
         return evaluate_embeddings(self.embed(model, clouds), clouds, self.pt_min, self.K)
+
+    def evaluate_report(self, model: nn.Module, val_clouds: Sequence[TrackingCloud],
+                        test_clouds: Sequence[TrackingCloud], eps_grid: Sequence[float] | None = None,
+                        refine: int = DEFAULT_REFINE) -> dict[str, float]:
+        """Test metrics with track building (what ``pointformers evaluate`` reports).
+
+        The DBSCAN radius is chosen on ``val_clouds`` by maximising the mean TrackML score
+        (:func:`~.track_building.choose_dbscan_eps`, ``eps_grid``/``refine`` as there); the test
+        embeddings are then clustered with it. Returns :meth:`evaluate` on ``test_clouds``
+        (``"ap@k"``, ``"precision@K"``, ``"recall@K"``, ``"num_queries"``) plus
+        ``"trackml_score"`` (mean over test clouds), ``"dbscan_eps"`` and
+        ``"val_trackml_score"`` (the chosen radius's validation score).
+        """
+        val_clouds, test_clouds = list(val_clouds), list(test_clouds)
+        if not val_clouds:
+            raise ValueError("val_clouds: need at least one validation cloud to choose the DBSCAN radius")
+        if not test_clouds:
+            raise ValueError("test_clouds: need at least one test cloud to report on")
+        val_emb = self.embed(model, val_clouds)
+        sel = choose_dbscan_eps(val_emb, [c.inputs.particle_id for c in val_clouds],
+                                [cloud_truth_weights(c) for c in val_clouds], eps_grid=eps_grid,
+                                min_samples=self.dbscan_min_samples, refine=refine)
+        test_emb = self.embed(model, test_clouds)
+        out = evaluate_embeddings(test_emb, test_clouds, self.pt_min, self.K)
+        out["trackml_score"] = track_building_score(test_emb, [c.inputs.particle_id for c in test_clouds],
+                                                    [cloud_truth_weights(c) for c in test_clouds], sel.eps,
+                                                    self.dbscan_min_samples)
+        out["dbscan_eps"] = sel.eps
+        out["val_trackml_score"] = sel.score
+        return out
 
 
 def load_tracking_splits(preset: str, splits: Sequence[str] = ("train", "val", "test"), cache_dir=None,

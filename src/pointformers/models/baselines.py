@@ -1,0 +1,243 @@
+"""Baselines for every task family: full-attention twins and MLP + pooling models.
+
+Full-attention twins — the same architecture as the efficient model with the ``full`` mechanism
+(softmax over all real points via ``scaled_dot_product_attention``):
+
+* ``full-cls`` = ``sft-cls`` layout (embedding, LayerNorm blocks with GeLU FFN, sample-max head),
+* ``full-partseg`` = ``sft-partseg`` layout,
+* ``full-seq`` = ``samsa-seq`` layout (RMSNorm, ReZero, parallel FFN, learned positions),
+* ``full-3d-reg`` = ``flt-3d-reg`` layout with *exact* softmax(f(r_i − r_j) + q·k/√d) attention and the
+  same learned RPE (``flt_exact``: plain ``full`` would not see the geometry at all),
+* sets: ``set-sab-pma`` (:mod:`.set_models`).
+
+Any efficient model also takes ``attention="full"`` directly (e.g. ``build("sampled-cls",
+attention="full")`` is the paper's dense row of Tables 3–4).
+
+MLP + pooling baselines ("no attention"):
+
+* ``mlp-cls`` — :class:`PointMLPClassifier`, PointNet without T-nets: shared per-point MLP,
+  max pool, MLP head (the Sampled Transformer's "MLP + FC" row: the same idea).
+* ``mlp-partseg`` — :class:`PointMLPSegmenter`, PointNet segmentation: local features concatenated
+  with the max-pooled global feature (and a category embedding), per-point MLP.
+* ``mlp-seq`` — :class:`SequenceMLPClassifier`: token embedding (optionally + learned position),
+  per-token MLP, masked mean pool, MLP head.
+* ``mlp-3d-reg`` — :class:`PointMLPRegressor`, DeepSets ρ(Σ φ(x_i, p_i − p̄)): translation-invariant.
+* ``mlp-set`` — :class:`SetMLPClusterer`, Set Transformer's "rFF + Pooling": per-point rFF, mean
+  pool, MLP decoder to the k mixture components.
+
+Every MLP uses Linear → LayerNorm → ReLU hidden layers (LayerNorm rather than PointNet's BatchNorm:
+per point, so padding and the batch never change a cloud's output).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..nn.model_inputs import check_point_inputs, check_token_inputs
+from ..nn.pooling import masked_max, masked_mean, masked_sum
+from .flt_models import FLT3DRegressor
+from .registry import register_model
+from .samsa_models import SAMSASequenceClassifier
+from .set_models import Mixture, MixtureHead, check_set_inputs
+from .sft_models import SFTPartSegmenter, SFTPointClassifier, check_category
+
+
+def point_mlp(widths: list[int]) -> nn.Sequential:
+    """Linear → LayerNorm → ReLU for every layer (widths[0] → … → widths[-1]); (…, w₀) -> (…, w_L)."""
+    layers: list[nn.Module] = []
+    for a, b in zip(widths[:-1], widths[1:]):
+        layers += [nn.Linear(a, b), nn.LayerNorm(b), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def mlp_head(widths: list[int], dropout: float = 0.0) -> nn.Sequential:
+    """Hidden Linear → LayerNorm → ReLU → Dropout layers, plain Linear last."""
+    layers: list[nn.Module] = []
+    for a, b in zip(widths[:-2], widths[1:-1]):
+        layers += [nn.Linear(a, b), nn.LayerNorm(b), nn.ReLU(), nn.Dropout(dropout)]
+    layers.append(nn.Linear(widths[-2], widths[-1]))
+    return nn.Sequential(*layers)
+
+
+class PointMLPClassifier(nn.Module):
+    """PointNet-like classifier. forward(x (B, N, F) | None, pos (B, N, 3), mask) -> logits (B, C).
+
+    Args: num_classes; in_dim (F); widths: per-point MLP widths after the input (PointNet
+    64, 64, 64, 128, 1024); head: hidden head widths (PointNet 512, 256); dropout in the head (0.3 in PointNet).
+    """
+
+    def __init__(self, num_classes: int = 40, in_dim: int = 3, widths: tuple[int, ...] = (32, 64),
+                 head: tuple[int, ...] = (32,), dropout: float = 0.0):
+        super().__init__()
+        self.in_dim = in_dim
+        self.point = point_mlp([3 + in_dim, *widths])
+        self.head = mlp_head([widths[-1], *head, num_classes], dropout)
+
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
+        inp = pos if x is None else torch.cat([pos, x], -1)
+        return self.head(masked_max(self.point(inp.masked_fill(~mask.unsqueeze(-1), 0.0)), mask))
+
+
+class PointMLPSegmenter(nn.Module):
+    """PointNet-like part segmenter. forward(x, pos, mask, category (B,)) -> logits (B, N, P), padded rows zero.
+
+    Per point: local = MLP(local_widths), global = max-pool of MLP(global_widths) over the cloud;
+    the head reads [local ‖ global ‖ category embedding].
+    """
+
+    def __init__(self, num_parts: int = 50, num_categories: int | None = None, in_dim: int = 3,
+                 local_widths: tuple[int, ...] = (32, 32), global_widths: tuple[int, ...] = (64,),
+                 head: tuple[int, ...] = (64, 32)):
+        super().__init__()
+        self.in_dim, self.num_categories = in_dim, num_categories
+        self.local = point_mlp([3 + in_dim, *local_widths])
+        self.globl = point_mlp([local_widths[-1], *global_widths])
+        self.category_embed = nn.Embedding(num_categories, 16) if num_categories else None
+        width = local_widths[-1] + global_widths[-1] + (16 if num_categories else 0)
+        self.head = mlp_head([width, *head, num_parts])
+
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None,
+                category: torch.Tensor | None = None) -> torch.Tensor:
+        mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
+        cat = check_category(category, self.num_categories, pos)
+        keep = mask.unsqueeze(-1)
+        inp = pos if x is None else torch.cat([pos, x], -1)
+        local = self.local(inp.masked_fill(~keep, 0.0))
+        g = masked_max(self.globl(local), mask)                                    # (B, G)
+        parts = [local, g[:, None, :].expand(-1, local.shape[1], -1)]
+        if cat is not None:
+            parts.append(self.category_embed(cat)[:, None, :].expand(-1, local.shape[1], -1))
+        return self.head(torch.cat(parts, -1)).masked_fill(~keep, 0.0)
+
+
+class SequenceMLPClassifier(nn.Module):
+    """Embedding + per-token MLP + masked mean pool + MLP head. forward(tokens (B, N), mask) -> (B, C).
+
+    ``positional=True`` adds a learned absolute position embedding (up to ``max_len``); without it
+    the model sees a bag of tokens.
+    """
+
+    def __init__(self, vocab_size: int = 20, num_classes: int = 10, dim: int = 32, widths: tuple[int, ...] = (32,),
+                 head: tuple[int, ...] = (32,), positional: bool = False, max_len: int = 2048):
+        super().__init__()
+        self.vocab_size, self.max_len = vocab_size, max_len
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.pos_embed = nn.Embedding(max_len, dim) if positional else None
+        self.token = point_mlp([dim, *widths])
+        self.head = mlp_head([widths[-1], *head, num_classes])
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        tokens, mask = check_token_inputs(tokens, mask, vocab_size=self.vocab_size,
+                                          max_len=self.max_len if self.pos_embed is not None else None,
+                                          who=type(self).__name__)
+        h = self.embed(tokens)
+        if self.pos_embed is not None:
+            h = h + self.pos_embed.weight[: tokens.shape[1]]
+        return self.head(masked_mean(self.token(h), mask))
+
+
+class PointMLPRegressor(nn.Module):
+    """DeepSets regressor ρ(Σ_i φ([x_i, p_i − p̄])): forward(x (B, N, F) | None, pos (B, N, 3), mask) -> (B,).
+
+    Coordinates enter relative to the cloud's centroid p̄ (translation invariance); the sum pooling
+    makes the output extensive like an energy.
+    """
+
+    def __init__(self, in_dim: int = 1, widths: tuple[int, ...] = (32, 64), head: tuple[int, ...] = (32,)):
+        super().__init__()
+        self.in_dim = in_dim
+        self.phi = point_mlp([3 + in_dim, *widths])
+        self.rho = mlp_head([widths[-1], *head, 1])
+
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
+        keep = mask.unsqueeze(-1)
+        pos = pos.masked_fill(~keep, 0.0)
+        rel = pos - masked_mean(pos, mask)[:, None, :]
+        inp = rel if x is None else torch.cat([rel, x], -1)
+        return self.rho(masked_sum(self.phi(inp.masked_fill(~keep, 0.0)), mask)).squeeze(-1)
+
+
+class SetMLPClusterer(nn.Module):
+    """Set Transformer's "rFF + Pooling" clusterer: per-point rFF, mean pool, MLP → k mixture components.
+
+    Official: 4 rFF layers of width 128, mean pooling, 3-layer decoder. forward(x (B, N, d), mask) -> Mixture.
+    """
+
+    def __init__(self, in_dim: int = 2, num_components: int = 4, dim: int = 32, encoder_layers: int = 4,
+                 decoder_layers: int = 3):
+        super().__init__()
+        self.in_dim, self.k, self.dim = in_dim, num_components, dim
+        self.rff = nn.Sequential(*[m for i in range(encoder_layers)
+                                   for m in (nn.Linear(in_dim if i == 0 else dim, dim), nn.ReLU())])
+        dec: list[nn.Module] = []
+        for i in range(decoder_layers - 1):
+            dec += [nn.Linear(dim if i == 0 else dim, dim), nn.ReLU()]
+        dec.append(nn.Linear(dim, num_components * dim))
+        self.decoder = nn.Sequential(*dec)
+        self.head = MixtureHead(dim, in_dim)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> Mixture:
+        mask = check_set_inputs(x, mask, self.in_dim, type(self).__name__)
+        pooled = masked_mean(self.rff(x.masked_fill(~mask.unsqueeze(-1), 0.0)), mask)
+        return self.head(self.decoder(pooled).view(-1, self.k, self.dim))
+
+
+# ---------------------------------------------------------------------------------------- twins
+@register_model("full-cls")
+def full_cls(**options) -> SFTPointClassifier:
+    """``sft-cls`` layout with full softmax attention."""
+    return SFTPointClassifier(**{"attention": "full", **options})
+
+
+@register_model("full-partseg")
+def full_partseg(**options) -> SFTPartSegmenter:
+    """``sft-partseg`` layout with full softmax attention."""
+    return SFTPartSegmenter(**{"attention": "full", **options})
+
+
+@register_model("full-seq")
+def full_seq(**options) -> SAMSASequenceClassifier:
+    """``samsa-seq`` layout with full softmax attention."""
+    return SAMSASequenceClassifier(**{"attention": "full", **options})
+
+
+@register_model("full-3d-reg")
+def full_3d_reg(**options) -> FLT3DRegressor:
+    """``flt-3d-reg`` layout with exact (quadratic) softmax attention and the same learned RPE.
+
+    The exact path draws no frequencies, so the proposal stds are a (loadable) buffer, not parameters.
+    """
+    return FLT3DRegressor(**{"attention": "flt_exact", "learn_proposal": False, **options})
+
+
+# ---------------------------------------------------------------------------------------- MLPs
+@register_model("mlp-cls")
+def mlp_cls(**options) -> PointMLPClassifier:
+    """PointNet-like MLP + max-pool classifier."""
+    return PointMLPClassifier(**options)
+
+
+@register_model("mlp-partseg")
+def mlp_partseg(**options) -> PointMLPSegmenter:
+    """PointNet-like MLP segmenter (local ‖ global features)."""
+    return PointMLPSegmenter(**options)
+
+
+@register_model("mlp-seq")
+def mlp_seq(**options) -> SequenceMLPClassifier:
+    """Embedding + MLP + mean-pool sequence classifier."""
+    return SequenceMLPClassifier(**options)
+
+
+@register_model("mlp-3d-reg")
+def mlp_3d_reg(**options) -> PointMLPRegressor:
+    """DeepSets MLP + sum-pool regressor."""
+    return PointMLPRegressor(**options)
+
+
+@register_model("mlp-set")
+def mlp_set(**options) -> SetMLPClusterer:
+    """rFF + pooling amortised clusterer."""
+    return SetMLPClusterer(**options)

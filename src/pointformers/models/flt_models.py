@@ -1,0 +1,186 @@
+"""FLT encoders (papers/001, specs/flt.md §4): sequences with a 1-D RPE, 3-D regression with a Gaussian RPE.
+
+Both stack pre-LN blocks (:class:`~pointformers.nn.transformer_block.TransformerBlock`, GeLU FFN)
+whose token mixer is :class:`~pointformers.attention.flt.FLTAttention`: FAVOR+ linear attention
+with a learned-Fourier relative positional encoding, exp(f(r_i − r_j) + q·k/√d) estimated in
+O(N) time.
+
+* ``flt-seq`` — :class:`FLTSequenceClassifier`: token embedding, positions r_j = j (ℓ = 1), the
+  Gaussian-mixture RPE (or the local RPE, ``rpe_type="local"``), masked mean pooling, MLP head.
+  Paper LM (§4.1, :data:`PAPER_LM`): 6 layers, 8 heads, hidden 512, FFN 2048, m = 64, r = 32,
+  dropout 0.1; RPE masks differ between heads and are **shared across layers** (``share_rpe``).
+* ``flt-3d-reg`` — :class:`FLT3DRegressor`: per-atom features → D, the isotropic 3-D Gaussian-basis
+  RPE of §5.3 (g(ξ) = Σ_t w_t exp(−2π²σ_t²‖ξ‖²), T = 32, r = 16, learnable proposal stds σ_i), and
+  an energy head (per-atom MLP, summed over the atoms, as Graphormer-3D's energy head).
+  Paper OC20 (§4.3, :data:`PAPER_OC20`): 12 layers, 48 heads, hidden 768, FFN 2048, m = 64. The
+  output is exactly translation-invariant; rotation-invariant in distribution over ξ.
+
+``attention="flt_exact"`` is the quadratic twin with the *same* learned RPE: exact
+softmax(f(r_i − r_j) + q·k/√d) attention (:class:`ExactRPEAttention`, FLT's reference path), which
+is what FLT approximates; any other registry key (``"full"``, ``"performer"``) swaps the mechanism
+in the same layout (those ignore positions: for sequences a learned absolute position embedding
+is then added, ``positional="learned"``).
+Randomness: FAVOR+'s Ω and the RPE frequencies are drawn at init and frozen by default.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention import build as build_attention
+from ..attention.flt import FLTAttention
+from ..nn.model_inputs import check_point_inputs, check_token_inputs
+from ..nn.pooling import masked_mean, masked_sum
+from ..nn.transformer_block import TransformerBlock
+from .registry import register_model
+
+#: WikiText-103 LM settings (§4.1), to combine with ``vocab_size``/``num_classes``.
+PAPER_LM = dict(dim=512, depth=6, heads=8, nb_features=64, num_rpe_features=32, ffn_mult=4, dropout=0.1)
+#: OC20 IS2RE settings (§4.3; T = 32 Gaussian basis functions, r = 16 frequencies).
+PAPER_OC20 = dict(dim=768, depth=12, heads=48, nb_features=64, num_rpe_features=16, num_components=32,
+                  ffn_hidden=2048)
+
+#: The RPE state of FLTAttention (parameters, buffers, the frequency module), shared by ``share_rpe``.
+_RPE_NAMES = ("rpe_w", "rpe_w_imag", "rpe_sigma_raw", "rpe_mu", "rpe_radius_raw", "log_proposal_std",
+              "sigma_max", "rpe_noise")
+
+
+class ExactRPEAttention(FLTAttention):
+    """FLT's exact quadratic counterpart: softmax(f(r_i − r_j) + q·k/√d) with the closed-form learned f.
+
+    Same parameters and options as :class:`FLTAttention`; forward = :meth:`FLTAttention.exact_attention`
+    (O(N²) memory). x (B, N, D), pos (B, N, ℓ), mask (B, N) -> (B, N, D).
+    """
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                **unused) -> torch.Tensor:
+        return self.exact_attention(x, pos, mask)
+
+
+def _flt_stack(dim: int, depth: int, heads: int, attention: str, flt_options: dict, share_rpe: bool,
+               ffn_hidden: int, dropout: float, attention_options: dict | None) -> nn.ModuleList:
+    opts = dict(attention_options or {})
+    mixers = []
+    for _ in range(depth):
+        if attention in ("flt", "flt_exact"):
+            cls = FLTAttention if attention == "flt" else ExactRPEAttention
+            mixers.append(cls(dim, heads=heads, **{**flt_options, **opts}))
+        else:
+            mixers.append(build_attention(attention, dim=dim, heads=heads, **opts))
+    if share_rpe and attention in ("flt", "flt_exact"):
+        first = mixers[0]
+        for m in mixers[1:]:
+            for name in _RPE_NAMES:
+                if getattr(first, name, None) is not None:
+                    setattr(m, name, getattr(first, name))
+    return nn.ModuleList(TransformerBlock(dim, m, "pre", dropout=dropout, ffn_hidden=ffn_hidden) for m in mixers)
+
+
+class FLTSequenceClassifier(nn.Module):
+    """FLT sequence classifier. forward(tokens (B, N) int, mask (B, N)) -> logits (B, C).
+
+    Args:
+        vocab_size, num_classes: symbols and classes (ListOps: 10 classes).
+        dim, depth, heads, ffn_mult, dropout: the transformer (paper LM: :data:`PAPER_LM`).
+        nb_features: FAVOR+ features m; num_rpe_features: RPE frequencies r.
+        rpe_type: ``"gaussian_mixture"`` (default) or ``"local"``; num_components: T (default 25/16).
+        share_rpe: one RPE per head shared by all layers (the paper's LM).
+        causal: causal attention (the LM); classification is non-causal.
+        positional: ``"none"`` (FLT: relative positions only) or ``"learned"`` absolute embedding
+            (default for mechanisms without RPE). max_len: longest sequence for ``"learned"``.
+        attention: ``"flt"``, ``"flt_exact"`` or another registry key; attention_options: extra options.
+    Positions are the token indices (r_j = j); padded tokens (any id) are ignored.
+    """
+
+    def __init__(self, vocab_size: int = 20, num_classes: int = 10, dim: int = 32, depth: int = 2, heads: int = 4,
+                 nb_features: int = 16, num_rpe_features: int = 8, rpe_type: str = "gaussian_mixture",
+                 num_components: int | None = None, share_rpe: bool = True, causal: bool = False,
+                 ffn_mult: int = 4, dropout: float = 0.0, positional: str | None = None, max_len: int = 2048,
+                 attention: str = "flt", attention_options: dict | None = None):
+        super().__init__()
+        if rpe_type not in ("gaussian_mixture", "local"):
+            raise ValueError(f"rpe_type for sequences must be 'gaussian_mixture' or 'local', got {rpe_type!r}")
+        positional = positional or ("none" if attention in ("flt", "flt_exact") else "learned")
+        if positional not in ("none", "learned"):
+            raise ValueError(f"positional must be 'none' or 'learned', got {positional!r}")
+        self.vocab_size, self.max_len = vocab_size, max_len
+        flt_options = dict(nb_features=nb_features, num_rpe_features=num_rpe_features, rpe_type=rpe_type,
+                           num_components=num_components, coord_dim=1, causal=causal)
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.pos_embed = nn.Embedding(max_len, dim) if positional == "learned" else None
+        self.blocks = _flt_stack(dim, depth, heads, attention, flt_options, share_rpe, ffn_mult * dim, dropout,
+                                 attention_options)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, num_classes))
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        tokens, mask = check_token_inputs(tokens, mask, vocab_size=self.vocab_size,
+                                          max_len=self.max_len if self.pos_embed is not None else None,
+                                          who=type(self).__name__)
+        B, N = tokens.shape
+        h = self.embed(tokens)
+        if self.pos_embed is not None:
+            h = h + self.pos_embed.weight[:N]
+        pos = torch.arange(N, device=tokens.device, dtype=h.dtype).view(1, N, 1).expand(B, N, 1)
+        keep = mask.unsqueeze(-1)
+        h = h.masked_fill(~keep, 0.0)
+        for blk in self.blocks:
+            h = blk(h, pos, mask)
+        return self.head(masked_mean(self.norm(h), mask))
+
+
+class FLT3DRegressor(nn.Module):
+    """FLT regressor of a per-structure scalar (energy) from 3-D point sets.
+
+    Args:
+        in_dim: per-atom feature channels F (e.g. one-hot species); 0 = no features (every atom gets
+            the same learned token and only geometry matters).
+        dim, depth, heads: the transformer; ffn_hidden: FFN width (default 4·dim; paper 2048).
+        nb_features, num_rpe_features, num_components: m, r, T of the 3-D Gaussian-basis RPE.
+        learn_proposal: learnable proposal stds σ_i (paper: yes).
+        share_rpe: one RPE shared by all layers (the spec's reading of the 0.03M-parameter budget).
+        dropout: residual dropout.
+        attention: ``"flt"``, ``"flt_exact"`` or another registry key; attention_options: extra options.
+    Shapes: forward(x (B, N, F) | None, pos (B, N, 3), mask (B, N)) -> energy (B,).
+    """
+
+    def __init__(self, in_dim: int = 1, dim: int = 32, depth: int = 2, heads: int = 4, nb_features: int = 16,
+                 num_rpe_features: int = 8, num_components: int = 8, learn_proposal: bool = True,
+                 share_rpe: bool = True, ffn_hidden: int | None = None, dropout: float = 0.0,
+                 attention: str = "flt", attention_options: dict | None = None):
+        super().__init__()
+        ffn_hidden = ffn_hidden or 4 * dim
+        self.in_dim = in_dim
+        flt_options = dict(nb_features=nb_features, num_rpe_features=num_rpe_features, rpe_type="gaussian_basis",
+                           num_components=num_components, coord_dim=3, learn_proposal=learn_proposal)
+        self.embed = nn.Linear(in_dim, dim) if in_dim else None
+        self.token = nn.Parameter(torch.randn(dim) * 0.02) if not in_dim else None
+        self.blocks = _flt_stack(dim, depth, heads, attention, flt_options, share_rpe, ffn_hidden, dropout,
+                                 attention_options)
+        self.norm = nn.LayerNorm(dim)
+        self.energy = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, 1))
+
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
+        keep = mask.unsqueeze(-1)
+        pos = pos.masked_fill(~keep, 0.0)
+        if self.embed is not None:
+            h = self.embed(x.masked_fill(~keep, 0.0))
+        else:
+            h = self.token.to(pos.dtype).expand(*pos.shape[:2], -1)
+        h = h.masked_fill(~keep, 0.0)
+        for blk in self.blocks:
+            h = blk(h, pos, mask)
+        return masked_sum(self.energy(self.norm(h)), mask).squeeze(-1)
+
+
+@register_model("flt-seq")
+def flt_seq(**options) -> FLTSequenceClassifier:
+    """FLT sequence classifier with the 1-D learned-Fourier RPE (paper LM options: :data:`PAPER_LM`)."""
+    return FLTSequenceClassifier(**options)
+
+
+@register_model("flt-3d-reg")
+def flt_3d_reg(**options) -> FLT3DRegressor:
+    """FLT 3-D regressor with the Gaussian-basis RPE (paper OC20 options: :data:`PAPER_OC20`)."""
+    return FLT3DRegressor(**options)

@@ -1,0 +1,166 @@
+"""SAMSA models for point clouds and sequences (papers/002, specs/samsa.md §3).
+
+The backbone is SAMSA's Algorithm-1 layer stack (:class:`~pointformers.attention.samsa.SAMSAEncoder`:
+pre-RMSNorm, per-head sampled softmax attention with 2k support vectors, GELU FFN ×4 in parallel,
+one zero-initialised ReZero scalar shared by all layers), followed by a final RMSNorm and a task head.
+The paper gives no width, depth, heads, pooling or positional encoding (spec §3.1); the spec's
+suggested shared backbone is D = 256, H = 4, L = 6, k ∈ {128, 256, 512} per head, hard or soft
+sampling (:data:`PAPER_BACKBONE`). Constructor defaults are small so tests run in seconds.
+
+* ``samsa-cls`` — :class:`SAMSAPointClassifier`: tokens = points (``Linear([xyz, features]) → D``, no
+  positional encoding: coordinates are features, which keeps permutation equivariance); masked
+  max ‖ mean pooling → MLP → classes (spec §3.5).
+* ``samsa-partseg`` — :class:`SAMSAPartSegmenter`: per-point MLP head on the tokens plus a learned
+  embedding of the object category (spec §3.5, standard practice).
+* ``samsa-seq`` — :class:`SAMSASequenceClassifier`: one-hot tokens (≡ an embedding) plus a learned
+  absolute position embedding (spec §3.3), masked mean pooling → MLP → classes (LRA, e.g. ListOps).
+
+``attention="full"`` (or another registry key) gives the full-attention twin: the very same blocks
+(RMSNorm, ReZero, FFN) with SAMSA's sampled attention replaced by that mechanism ("Full Attention"
+column of SAMSA Table 1). Randomness: Gumbel noise in training only; ``eval()`` is deterministic.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention import build as build_attention
+from ..attention.samsa import RMSNorm, SAMSAEncoder
+from ..nn.model_inputs import check_point_inputs, check_token_inputs
+from ..nn.pooling import masked_max, masked_mean
+from .registry import register_model
+from .sft_models import check_category
+
+#: The spec's suggested shared SAMSA backbone (the paper states only k per head and the mode).
+PAPER_BACKBONE = dict(dim=256, depth=6, heads=4, k=256, mode="hard")
+
+
+class SAMSABackbone(nn.Module):
+    """SAMSA layers (or their twin with another mechanism) plus the final RMSNorm.
+
+    Args:
+        dim, depth, heads: width D, layers L, heads H.
+        k: sampled tokens per head; mode: ``"hard"`` (τ = 1, straight-through) or ``"soft"`` (τ = 0.1).
+        parallel: Algorithm 1's parallel FFN (True) or the sequential pre-norm variant.
+        attention: ``"samsa"`` or another registry key for the twin; attention_options: extra options.
+    Shapes: h (B, N, D), mask (B, N) -> (B, N, D), padded rows zero.
+    """
+
+    def __init__(self, dim: int = 32, depth: int = 2, heads: int = 4, k: int = 8, mode: str = "hard",
+                 parallel: bool = True, attention: str = "samsa", attention_options: dict | None = None):
+        super().__init__()
+        opts = dict(attention_options or {})
+        if attention == "samsa":
+            self.encoder = SAMSAEncoder(dim, depth, heads=heads, k=k, parallel=parallel, mode=mode, **opts)
+        else:
+            self.encoder = SAMSAEncoder(dim, depth, heads=heads, k=1, parallel=parallel)
+            for blk in self.encoder.blocks:   # same block, another token mixer
+                blk.attn = build_attention(attention, dim=dim, heads=heads, **opts)
+        self.attention = attention
+        self.final_norm = RMSNorm(dim)
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(h, None, mask)
+        return self.final_norm(h).masked_fill(~mask.unsqueeze(-1), 0.0)
+
+
+class SAMSAPointClassifier(nn.Module):
+    """SAMSA shape classifier. forward(x (B, N, F) | None, pos (B, N, 3), mask (B, N)) -> logits (B, C).
+
+    Args: num_classes, in_dim (per-point feature channels F, 0 = coordinates only) and the
+    :class:`SAMSABackbone` options. Head: [masked max ‖ masked mean] → Linear(2D, D) → GELU → Linear(D, C).
+    """
+
+    def __init__(self, num_classes: int = 40, in_dim: int = 3, **backbone_options):
+        super().__init__()
+        self.in_dim = in_dim
+        self.backbone = SAMSABackbone(**backbone_options)
+        D = self.backbone.final_norm.weight.shape[0]
+        self.embed = nn.Linear(3 + in_dim, D)
+        self.head = nn.Sequential(nn.Linear(2 * D, D), nn.GELU(), nn.Linear(D, num_classes))
+
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
+        inp = pos if x is None else torch.cat([pos, x], -1)
+        h = self.embed(inp.masked_fill(~mask.unsqueeze(-1), 0.0))
+        h = self.backbone(h, mask)
+        return self.head(torch.cat([masked_max(h, mask), masked_mean(h, mask)], -1))
+
+
+class SAMSAPartSegmenter(nn.Module):
+    """SAMSA part segmenter. forward(x, pos, mask, category (B,)) -> logits (B, N, P), padded rows zero.
+
+    With ``num_categories``, a learned category embedding is added to the input tokens and to the
+    head input. Head: per point Linear(D, D) → GELU → Linear(D, P).
+    """
+
+    def __init__(self, num_parts: int = 50, num_categories: int | None = None, in_dim: int = 3, **backbone_options):
+        super().__init__()
+        self.in_dim, self.num_categories = in_dim, num_categories
+        self.backbone = SAMSABackbone(**backbone_options)
+        D = self.backbone.final_norm.weight.shape[0]
+        self.embed = nn.Linear(3 + in_dim, D)
+        self.category_embed = nn.Embedding(num_categories, D) if num_categories else None
+        self.head = nn.Sequential(nn.Linear(D, D), nn.GELU(), nn.Linear(D, num_parts))
+
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None,
+                category: torch.Tensor | None = None) -> torch.Tensor:
+        mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
+        cat = check_category(category, self.num_categories, pos)
+        keep = mask.unsqueeze(-1)
+        inp = pos if x is None else torch.cat([pos, x], -1)
+        h = self.embed(inp.masked_fill(~keep, 0.0))
+        c = self.category_embed(cat)[:, None, :] if cat is not None else 0.0
+        h = self.backbone((h + c).masked_fill(~keep, 0.0), mask)
+        return self.head(h + c).masked_fill(~keep, 0.0)
+
+
+class SAMSASequenceClassifier(nn.Module):
+    """SAMSA sequence classifier (LRA). forward(tokens (B, N) int, mask (B, N)) -> logits (B, C).
+
+    Args:
+        vocab_size: symbols (one-hot inputs ≡ ``nn.Embedding``); num_classes: C (ListOps 10).
+        max_len: longest sequence (learned absolute position embedding; ListOps 2,048).
+        positional: ``"learned"`` (default) or ``"none"``.
+        **backbone_options: :class:`SAMSABackbone`.
+    Tokens at padded positions are ignored (any value). Head: masked mean → Linear → GELU → Linear.
+    """
+
+    def __init__(self, vocab_size: int = 20, num_classes: int = 10, max_len: int = 2048, positional: str = "learned",
+                 **backbone_options):
+        super().__init__()
+        if positional not in ("learned", "none"):
+            raise ValueError(f"positional must be 'learned' or 'none', got {positional!r}")
+        self.vocab_size, self.max_len = vocab_size, max_len
+        self.backbone = SAMSABackbone(**backbone_options)
+        D = self.backbone.final_norm.weight.shape[0]
+        self.embed = nn.Embedding(vocab_size, D)
+        self.pos_embed = nn.Embedding(max_len, D) if positional == "learned" else None
+        self.head = nn.Sequential(nn.Linear(D, D), nn.GELU(), nn.Linear(D, num_classes))
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        tokens, mask = check_token_inputs(tokens, mask, vocab_size=self.vocab_size, max_len=self.max_len,
+                                          who=type(self).__name__)
+        h = self.embed(tokens)
+        if self.pos_embed is not None:
+            h = h + self.pos_embed.weight[: tokens.shape[1]]
+        h = self.backbone(h.masked_fill(~mask.unsqueeze(-1), 0.0), mask)
+        return self.head(masked_mean(h, mask))
+
+
+@register_model("samsa-cls")
+def samsa_cls(**options) -> SAMSAPointClassifier:
+    """SAMSA point classifier (ModelNet40-style)."""
+    return SAMSAPointClassifier(**options)
+
+
+@register_model("samsa-partseg")
+def samsa_partseg(**options) -> SAMSAPartSegmenter:
+    """SAMSA part segmenter (ShapeNetPart-style)."""
+    return SAMSAPartSegmenter(**options)
+
+
+@register_model("samsa-seq")
+def samsa_seq(**options) -> SAMSASequenceClassifier:
+    """SAMSA sequence classifier (LRA ListOps-style)."""
+    return SAMSASequenceClassifier(**options)

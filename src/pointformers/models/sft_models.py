@@ -1,0 +1,247 @@
+"""SFT point-cloud models (papers/004, specs/sft.md §4): classifier, part segmenter, rotation-invariant variants.
+
+* ``sft-cls`` — :class:`SFTPointClassifier`: tokens ``Linear([xyz, normals]) → D``; a stack of SFT
+  layers with the relative features ``[‖x_i − x_j‖², n_i·n_j]`` (r = 2); the ModelNet40 head "uses
+  our differentiable sampling to sample 512 tokens and then uses a maximum aggregation": an
+  :class:`~pointformers.attention.sft.SFTSampler` with k = 512 bins, max-pool over the soft duplets,
+  then a linear layer to the classes.
+* ``sft-partseg`` — :class:`SFTPartSegmenter`: the same encoder and a per-token linear head to the
+  part logits (spec §4 "per-token tasks": a per-token linear head).
+* ``sft-ri-cls`` / ``sft-ri-partseg`` — the rotation-invariant variant (SFT §5.1, Table 1): "input
+  token value are replaced by tensor filled with one"; the only geometric input is the relative
+  features, both SO(3)-invariant, so the model output is exactly invariant to rotations of the
+  cloud (and to translations). The leak of SFT's probability injects the rank that lets the
+  all-ones tokens become distinct.
+
+Paper settings (Tables 8–9, experiments 1.1–1.4), as option dicts :data:`PAPER_CLS`,
+:data:`PAPER_PARTSEG`: d = 256, 16 heads, 8 layers, k = 256 sampled tokens per layer, head k = 512,
+Drop Token 0.5 (cls) / 0.2 (seg), Q/K dropout 0.1, token dropout 0.1, FFN dropout 0.2, FFN ×4
+GeLU, τ = 1. The constructors' defaults are small (tests run in seconds); configs set paper sizes.
+Norm position: Table 9's row is garbled (spec §9 A6); default pre-LN (post-LN for the
+rotation-invariant variant, whose all-ones input needs the post-LN of the rank-injection study).
+
+``attention="full"`` (or any other registry key) gives the **full-attention twin**: the same
+embedding, depth, width, heads, norm position, FFN, dropouts and head, with the token mixer
+replaced by that mechanism inside :class:`~pointformers.nn.transformer_block.TransformerBlock`.
+
+Inputs: ``x`` (B, N, F) per-point features (F = ``in_dim``; with ``normals=True`` these are the unit
+surface normals, which also feed the n_i·n_j relative feature), ``pos`` (B, N, 3) coordinates,
+``mask`` (B, N) bool (True = real point). Padded points never change a real cloud's output in eval.
+Randomness: SFT's sampler draws Gumbel noise, random partners and drop-token masks in training only;
+``eval()`` is deterministic. The plain models are then exactly invariant (classifier) / equivariant
+(segmenter) to the storage order of the points. The rotation-invariant variant is not: its first
+layer scores identical all-ones tokens, so the eval sampler's tie-break (index order) picks the
+first points; it is exactly rotation-invariant and order-invariant only in distribution (in
+training the Gumbel noise breaks the ties at random).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention import build as build_attention
+from ..attention.sampling import gather_rows
+from ..attention.sft import SFTEncoder, SFTSampler
+from ..nn.model_inputs import check_point_inputs
+from ..nn.pooling import masked_max
+from ..nn.transformer_block import TransformerBlock
+from .registry import register_model
+
+#: Paper options of the ModelNet40 classifier (exp. 1.1; 1.3 adds ``rotation_invariant=True``).
+PAPER_CLS = dict(num_classes=40, in_dim=3, dim=256, depth=8, heads=16, k=256, head_k=512, drop_token=0.5,
+                 qk_dropout=0.1, dropout=0.1, ffn_dropout=0.2)
+#: Paper options of the ShapeNetPart segmenter (exp. 1.2; 1.4 adds ``rotation_invariant=True``).
+PAPER_PARTSEG = dict(num_parts=50, in_dim=3, dim=256, depth=8, heads=16, k=256, drop_token=0.2,
+                     qk_dropout=0.1, dropout=0.1, ffn_dropout=0.2)
+
+
+class SFTPointEncoder(nn.Module):
+    """Per-point SFT encoder: (x, pos, mask) -> tokens (B, N, D), shared by the classifier and segmenter.
+
+    Args:
+        in_dim: per-point feature channels F of ``x`` (0: coordinates only, x is None).
+        normals: ``x`` holds unit normals (needs in_dim = 3), used in the n_i·n_j relative feature.
+        dim, depth, heads: width D, layers, heads.
+        k: sampled tokens per layer (paper 256).
+        rotation_invariant: all-ones tokens, relative features only (needs ``attention="sft"``).
+        relative: feed the point relative features to SFT's attention (``rpe="points"``; paper: yes).
+        norm_position: ``"pre"``/``"post"`` (default: post when rotation-invariant, else pre).
+        drop_token, qk_dropout: SFT's Drop Token Probability and attention-score (Q/K) dropout.
+        dropout, ffn_dropout: token-embedding dropout and feed-forward dropout.
+        attention: ``"sft"`` or any registry key for the twin; attention_options: its extra options.
+    Shapes: x (B, N, F) | None, pos (B, N, 3), mask (B, N) | None -> tokens (B, N, D), mask (B, N).
+    """
+
+    def __init__(self, in_dim: int = 3, normals: bool = True, dim: int = 32, depth: int = 2, heads: int = 4,
+                 k: int = 16, rotation_invariant: bool = False, relative: bool = True,
+                 norm_position: str | None = None, drop_token: float = 0.0, qk_dropout: float = 0.0,
+                 dropout: float = 0.0, ffn_dropout: float = 0.0, attention: str = "sft",
+                 attention_options: dict | None = None):
+        super().__init__()
+        if not isinstance(in_dim, int) or in_dim < 0:
+            raise ValueError(f"in_dim must be an int >= 0, got {in_dim!r}")
+        if normals and in_dim != 3:
+            raise ValueError(f"normals=True needs in_dim=3 (x = unit normals), got in_dim={in_dim}")
+        if rotation_invariant and attention != "sft":
+            raise ValueError("rotation_invariant=True needs attention='sft' (all-ones tokens carry no "
+                             "information without SFT's relative features)")
+        if rotation_invariant and not relative:
+            raise ValueError("rotation_invariant=True needs relative=True (relative features are its only input)")
+        self.in_dim, self.normals, self.dim = in_dim, normals, dim
+        self.rotation_invariant, self.attention = rotation_invariant, attention
+        self.norm_position = norm_position or ("post" if rotation_invariant else "pre")
+        opts = dict(attention_options or {})
+        if attention == "sft":
+            if relative:
+                opts.update(rpe="points", normal_dims=3 if normals else 0)
+            self.encoder = SFTEncoder(dim, depth, heads=heads, k=k, rotation_invariant=rotation_invariant,
+                                      norm_position=self.norm_position, dropout=dropout, ffn_dropout=ffn_dropout,
+                                      drop_token=drop_token, qk_dropout=qk_dropout, **opts)
+            self.blocks = None
+        else:
+            self.encoder = None
+            self.blocks = nn.ModuleList(
+                TransformerBlock(dim, build_attention(attention, dim=dim, heads=heads, **opts),
+                                 norm_position=self.norm_position, dropout=dropout, ffn_dropout=ffn_dropout)
+                for _ in range(depth))
+        self.embed = None if rotation_invariant else nn.Linear(3 + in_dim, dim)
+        # a pre-LN stack ends un-normalised: normalise once before the head (post-LN already is)
+        self.final_norm = nn.LayerNorm(dim) if self.norm_position == "pre" else nn.Identity()
+
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None,
+                extra: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``extra`` (B, D): a per-cloud vector added to every input token (e.g. a category embedding)."""
+        mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
+        keep = mask.unsqueeze(-1)
+        pos = pos.masked_fill(~keep, 0.0)
+        x = None if x is None else x.masked_fill(~keep, 0.0)
+        rel = torch.cat([pos, x], -1) if self.normals else pos       # SFT's relative-feature payload
+        if self.rotation_invariant:
+            h = self.encoder(None, rel, mask)
+        else:
+            inp = pos if x is None else torch.cat([pos, x], -1)
+            h = self.embed(inp)
+            if extra is not None:
+                h = h + extra[:, None, :]
+            h = h.masked_fill(~keep, 0.0)
+            if self.encoder is not None:
+                h = self.encoder(h, rel, mask)
+            else:
+                for blk in self.blocks:
+                    h = blk(h, pos, mask)
+        return self.final_norm(h).masked_fill(~keep, 0.0), mask
+
+
+class SampledMaxHead(nn.Module):
+    """SFT's ModelNet40 head: sample ``k`` soft duplets with SFT's sampler, max-pool them, linear to classes.
+
+    ``pool="max"`` is a plain masked max over all tokens instead. tokens (B, N, D), mask (B, N) -> (B, C).
+    """
+
+    def __init__(self, dim: int, num_classes: int, k: int = 512, pool: str = "sample_max"):
+        super().__init__()
+        if pool not in ("sample_max", "max"):
+            raise ValueError(f"pool must be 'sample_max' or 'max', got {pool!r}")
+        self.pool = pool
+        self.sampler = SFTSampler(dim, k) if pool == "sample_max" else None
+        self.fc = nn.Linear(dim, num_classes)
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.sampler is None:
+            return self.fc(masked_max(h, mask))
+        s = self.sampler(h, mask)
+        p = s.p.unsqueeze(-1).to(h.dtype)
+        duplets = p * gather_rows(h, s.idx_top) + (1 - p) * gather_rows(h, s.idx_rand)  # (B, k', D)
+        return self.fc(masked_max(duplets, s.key_valid))
+
+
+class SFTPointClassifier(nn.Module):
+    """SFT shape classifier: :class:`SFTPointEncoder` → sample-``head_k`` + max head → class logits.
+
+    Args: ``num_classes``, ``head_k`` (paper 512), ``head_pool`` (``"sample_max"`` paper, or ``"max"``) and
+    every option of :class:`SFTPointEncoder`. Paper options: :data:`PAPER_CLS`.
+    Shapes: forward(x (B, N, F) | None, pos (B, N, 3), mask (B, N) | None) -> logits (B, num_classes).
+    """
+
+    def __init__(self, num_classes: int = 40, head_k: int = 16, head_pool: str = "sample_max", **encoder_options):
+        super().__init__()
+        self.encoder = SFTPointEncoder(**encoder_options)
+        self.head = SampledMaxHead(self.encoder.dim, num_classes, head_k, head_pool)
+
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h, mask = self.encoder(x, pos, mask)
+        return self.head(h, mask)
+
+
+class SFTPartSegmenter(nn.Module):
+    """SFT part segmenter: :class:`SFTPointEncoder` → per-token linear head → part logits.
+
+    Args:
+        num_parts: part classes P (ShapeNetPart 50).
+        num_categories: when given, the object category conditions the model (the paper does not say
+            whether it does, spec §9 A10): a category embedding is added to the input tokens (not in
+            the rotation-invariant variant, whose tokens are all ones) and a per-category logit bias
+            to the head. ``forward`` then needs ``category`` (B,).
+        **encoder_options: as :class:`SFTPointEncoder`. Paper options: :data:`PAPER_PARTSEG`.
+    Shapes: forward(x, pos, mask, category) -> logits (B, N, P), padded rows zero.
+    """
+
+    def __init__(self, num_parts: int = 50, num_categories: int | None = None, **encoder_options):
+        super().__init__()
+        self.encoder = SFTPointEncoder(**encoder_options)
+        D = self.encoder.dim
+        self.num_categories = num_categories
+        self.category_embed = nn.Embedding(num_categories, D) if num_categories and not \
+            self.encoder.rotation_invariant else None
+        self.category_bias = nn.Embedding(num_categories, num_parts) if num_categories else None
+        self.head = nn.Linear(D, num_parts)
+
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None,
+                category: torch.Tensor | None = None) -> torch.Tensor:
+        cat = check_category(category, self.num_categories, pos)
+        extra = self.category_embed(cat) if self.category_embed is not None else None
+        h, mask = self.encoder(x, pos, mask, extra=extra)
+        logits = self.head(h)
+        if self.category_bias is not None:
+            logits = logits + self.category_bias(cat)[:, None, :]
+        return logits.masked_fill(~mask.unsqueeze(-1), 0.0)
+
+
+def check_category(category: torch.Tensor | None, num_categories: int | None, ref: torch.Tensor) -> torch.Tensor | None:
+    """Validate the per-cloud category ids (B,) of a segmenter built with ``num_categories``."""
+    if not num_categories:
+        return None
+    B = ref.shape[0] if isinstance(ref, torch.Tensor) and ref.dim() >= 1 else None
+    if not isinstance(category, torch.Tensor) or category.shape != (B,) or category.is_floating_point() \
+            or category.dtype == torch.bool:
+        raise ValueError(f"category: expected (B,) = ({B},) integer category ids (the model was built with "
+                         f"num_categories={num_categories}), got "
+                         f"{getattr(category, 'dtype', type(category).__name__)} {tuple(getattr(category, 'shape', ()))}")
+    if int(category.min()) < 0 or int(category.max()) >= num_categories:
+        raise ValueError(f"category: ids must lie in [0, {num_categories}), got [{int(category.min())}, "
+                         f"{int(category.max())}]")
+    return category.long()
+
+
+@register_model("sft-cls")
+def sft_cls(**options) -> SFTPointClassifier:
+    """SFT ModelNet40-style classifier (paper options: :data:`PAPER_CLS`)."""
+    return SFTPointClassifier(**options)
+
+
+@register_model("sft-ri-cls")
+def sft_ri_cls(**options) -> SFTPointClassifier:
+    """Rotation-invariant SFT classifier: all-ones tokens, relative features only (SFT Table 1)."""
+    return SFTPointClassifier(**{"rotation_invariant": True, **options})
+
+
+@register_model("sft-partseg")
+def sft_partseg(**options) -> SFTPartSegmenter:
+    """SFT ShapeNetPart-style part segmenter (paper options: :data:`PAPER_PARTSEG`)."""
+    return SFTPartSegmenter(**options)
+
+
+@register_model("sft-ri-partseg")
+def sft_ri_partseg(**options) -> SFTPartSegmenter:
+    """Rotation-invariant SFT part segmenter (SFT exp. 1.4)."""
+    return SFTPartSegmenter(**{"rotation_invariant": True, **options})

@@ -1,0 +1,137 @@
+"""The ``tracking`` task for configs and the CLI (registered at import as ``task.name: tracking``).
+
+Config sections (defaults: the HEPT authors' tracking settings, spec ``hept.md`` §3.3-§4.4)::
+
+    data: {preset: small, seed: 0, cache_dir: null}     # data/tracking.py presets, generated and cached
+    task: {name: tracking, similarity: l2_rbf, tau: 0.05, sigma: 0.75, random_pairs: 0.2,
+           pt_min: 0.9, radius: 1.0, max_num_neighbors: 256}
+
+``similarity``/``tau``/``sigma`` are the InfoNCE options, ``random_pairs`` the fraction of
+random pairs added each step, ``pt_min`` the AP@k filter (GeV), ``radius`` and
+``max_num_neighbors`` the (eta, phi) radius graph that labels the training pairs. The
+validation metric is ``ap@k`` (maximised). Everything here is glue around
+:mod:`.tracking_training`, :mod:`.tracking` and :mod:`.tracking_display`.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .registry import TaskSpec, register_task
+
+__all__ = ["TRACKING_SPEC", "tracking_cache_files"]
+
+_DATA_SCHEMA = {"preset": (str,), "seed": (int,), "cache_dir": (str, None)}
+_DATA_DEFAULTS = {"preset": "small", "seed": 0, "cache_dir": None}
+_TASK_SCHEMA = {"similarity": (str,), "tau": (float,), "sigma": (float,), "random_pairs": (float,),
+                "pt_min": (float,), "radius": (float,), "max_num_neighbors": (int,)}
+_TASK_DEFAULTS = {"similarity": "l2_rbf", "tau": 0.05, "sigma": 0.75, "random_pairs": 0.2, "pt_min": 0.9,
+                  "radius": 1.0, "max_num_neighbors": 256}
+
+
+def _build(cfg: Mapping[str, Any]):
+    from .tracking_training import TrackingTask
+
+    t = cfg["task"]
+    return TrackingTask(t["similarity"], t["tau"], t["sigma"], t["random_pairs"], t["pt_min"])
+
+
+def _validate(cfg: Mapping[str, Any]) -> None:
+    from ..data.tracking import PRESETS
+
+    d, t = cfg["data"], cfg["task"]
+    if d["preset"] not in PRESETS:
+        raise ValueError(f"data.preset: unknown preset {d['preset']!r} (valid: {', '.join(sorted(PRESETS))})")
+    if d["seed"] < 0:
+        raise ValueError(f"data.seed: must be >= 0, got {d['seed']}")
+    try:
+        _build(cfg)
+    except ValueError as exc:
+        raise ValueError(f"task.{str(exc).splitlines()[0]}") from None
+    if not (math.isfinite(t["radius"]) and t["radius"] > 0):
+        raise ValueError(f"task.radius: must be a finite number > 0, got {t['radius']}")
+    if t["max_num_neighbors"] < 1:
+        raise ValueError(f"task.max_num_neighbors: must be >= 1, got {t['max_num_neighbors']}")
+
+
+def _load(cfg: Mapping[str, Any], splits: Sequence[str], progress: bool = False) -> dict[str, list]:
+    """TrackingCloud samples per split; training clouds carry their labelled pairs."""
+    from .tracking_training import load_tracking_splits, prepare_tracking_clouds
+
+    d, t = cfg["data"], cfg["task"]
+    events = load_tracking_splits(d["preset"], splits, cache_dir=d["cache_dir"], seed=d["seed"])
+    return {s: prepare_tracking_clouds(events[s], with_pairs=s == "train", radius=t["radius"],
+                                       max_num_neighbors=t["max_num_neighbors"], pt_min=t["pt_min"],
+                                       progress=progress and s == "train", desc=f"{s} pairs")
+            for s in splits}
+
+
+def tracking_cache_files(cfg: Mapping[str, Any], splits: Sequence[str]) -> list[str]:
+    """Generate (or find) the cached clouds of ``splits``; returns the cache file of each split.
+
+    The file name follows :func:`pointformers.data.tracking.load_tracking_dataset`'s cache
+    key; if that key ever changes, the cache folder is returned instead of a wrong name.
+    """
+    from ..data.cache import cache_path, default_cache_dir, load_arrays
+    from ..data.tracking import GENERATOR_VERSION, load_tracking_dataset, resolve_params
+
+    d = cfg["data"]
+    root = Path(d["cache_dir"]) if d["cache_dir"] is not None else default_cache_dir()
+    params = resolve_params(d["preset"])
+    out = []
+    for split in splits:
+        load_tracking_dataset(d["preset"], split, cache_dir=d["cache_dir"], seed=d["seed"])
+        key = {"generator": "pointformers.tracking", "version": GENERATOR_VERSION, "params": params.to_dict(),
+               "seed": int(d["seed"]), "split": split}
+        path = cache_path(root / "tracking", f"{d['preset']}-{split}", key)
+        out.append(str(path) if load_arrays(path, key) is not None else str(root / "tracking"))
+    return out
+
+
+def _baselines(cfg: Mapping[str, Any], samples: Sequence[Any]) -> dict[str, dict[str, float]]:
+    from .tracking_training import knn_baseline_metrics
+
+    return {"kNN in (eta, phi)": knn_baseline_metrics(samples, cfg["task"]["pt_min"])}
+
+
+def _plot(cfg: Mapping[str, Any], model: Any, samples: Sequence[Any], out_dir: str | Path) -> list[Path]:
+    """Event display of validation cloud 0: DBSCAN clusters of the embeddings (radius chosen on
+    the given validation clouds by the track-match score) next to the truth."""
+    from .tracking import ap_at_k, cluster_tracks
+    from .tracking_display import choose_eps, draw_event_display
+    from .tracking_training import load_tracking_splits
+
+    if not samples:
+        raise ValueError("samples: need at least one validation cloud for the event display")
+    task = _build(cfg)
+    emb = task.embed(model, samples)
+    eps, scores = choose_eps(emb, [c.inputs.particle_id for c in samples], [c.inputs.pt for c in samples],
+                             [c.inputs.reconstructable for c in samples])
+    cloud = samples[0]
+    event = cloud.event
+    if event is None:  # the hits' positions live in the cached events, in the same order
+        d = cfg["data"]
+        event = load_tracking_splits(d["preset"], ("val",), cache_dir=d["cache_dir"], seed=d["seed"])["val"][0]
+    labels = cluster_tracks(emb[0], eps)
+    ap = ap_at_k(emb[0], cloud.inputs.particle_id, cloud.inputs.pt, cloud.inputs.reconstructable,
+                 cfg["task"]["pt_min"])
+    png = draw_event_display(Path(out_dir) / "event_display.png", event.x, event.y, labels, cloud.inputs.particle_id,
+                             title=f"{cfg['model']['name']} - validation cloud 0 ({cloud.num_hits} hits), AP@k {ap:.3f}",
+                             pred_note=f"DBSCAN on embeddings, eps={eps:.3g} "
+                                       f"(best track-match score on val: {scores[eps]:.3f})")
+    return [png]
+
+
+def _generate(cfg: Mapping[str, Any], splits: Sequence[str]) -> list[str]:
+    return tracking_cache_files(cfg, splits)
+
+
+TRACKING_SPEC = register_task(TaskSpec(
+    name="tracking",
+    description="charged-particle tracking: per-hit embeddings trained with InfoNCE, scored by AP@k (HEPT)",
+    data_schema=_DATA_SCHEMA, data_defaults=_DATA_DEFAULTS,
+    task_schema=_TASK_SCHEMA, task_defaults=_TASK_DEFAULTS,
+    load=_load, build=_build, metric="ap@k", mode="max", validate=_validate, generate=_generate,
+    default_model="hept-tracking", baselines=_baselines, plot=_plot,
+))
