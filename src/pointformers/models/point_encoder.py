@@ -25,14 +25,20 @@ class PointTransformerJK(nn.Module):
         n_layers: blocks; out_dim: embedding size; dropout: residual/head dropout.
         attention: registry key of the token mixer; attention_options: its extra options.
         block_size, n_hashes, num_regions: HEPT options (used when ``attention == "hept"``).
+        pe: "none" (HEPT: coordinates enter through its kernel) or "learned": the absolute
+            positional encoding HEPT's transformer baselines use (authors' ``pe_type: learned``,
+            spec §5): Linear(c, D) → LayerNorm → ReLU → Linear(D, D) of the coordinates, added to
+            the encoded features h₀ once, before the first block.
     Shapes: forward(x (B, N, F), coords (B, N, c), mask (B, N) | None) -> (B, N, out_dim).
     """
 
     def __init__(self, in_dim: int, coord_dim: int, dim: int = 24, heads: int = 8, head_dim: int | None = 24,
                  n_layers: int = 4, out_dim: int = 12, mlp_hidden: int = 256, mlp_layers: int = 5,
                  dropout: float = 0.1, attention: str = "hept", block_size: int = 100, n_hashes: int = 3,
-                 num_regions: float = 150, attention_options: dict | None = None):
+                 num_regions: float = 150, attention_options: dict | None = None, pe: str = "none"):
         super().__init__()
+        if pe not in ("none", "learned"):
+            raise ValueError(f"pe: expected 'none' or 'learned', got {pe!r}")
         self.in_dim, self.coord_dim, self.dim = in_dim, coord_dim, dim
         self.attention = attention
         opts = dict(attention_options or {})
@@ -45,6 +51,8 @@ class PointTransformerJK(nn.Module):
         elif attention == "full":
             opts.setdefault("head_dim", head_dim)
         self.feat_encoder = nn.Sequential(nn.Linear(in_dim, dim), nn.ReLU(), nn.Linear(dim, dim))
+        self.pos_encoder = (nn.Sequential(nn.Linear(coord_dim, dim), nn.LayerNorm(dim), nn.ReLU(), nn.Linear(dim, dim))
+                            if pe == "learned" else None)
         self.blocks = nn.ModuleList(
             PreLNBlock(dim, build_attention(attention, dim=dim, heads=heads, **opts), dim, dropout)
             for _ in range(n_layers))
@@ -66,7 +74,10 @@ class PointTransformerJK(nn.Module):
         mask = check_attention_inputs(x, coords, mask, dim=self.in_dim, pos_dim=self.coord_dim,
                                       requires_pos=True, who=type(self).__name__)
         kw = {"context": self.region_hash(coords, mask)} if self.attention == "hept" else {}
-        h = self.feat_encoder(x) * mask.unsqueeze(-1)
+        h = self.feat_encoder(x)
+        if self.pos_encoder is not None:
+            h = h + self.pos_encoder(coords)
+        h = h * mask.unsqueeze(-1)
         hs = [h]
         for block in self.blocks:
             h = block(h, coords, mask, **kw)
