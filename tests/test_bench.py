@@ -62,3 +62,19 @@ def test_speed_skips_sizes_predicted_past_the_limit():
     assert skip_reason(prev, "kernel", 20000, 1, 100).startswith("predicted 111 s")  # quadratic
     assert skip_reason({**prev, "mechanism": "hept"}, "hept", 20000, 1, 100) is None  # linear: 33 s
     assert skip_reason({**prev, "error": "timeout"}, "hept", 20000, 1, 100) == "N = 6000 failed"
+
+
+def test_mechanisms_growth_ratio_and_verdict_columns():
+    from pointformers.bench import mechanisms
+
+    def row(m, n, s, mb):
+        return {"mechanism": m, "n": n, "mode": "forward", "seconds": s, "peak_mb": mb, "flops": 1, "gflops": 1.0}
+
+    layer = [row("hept", 8192, 0.1, 10.0), row("hept", 65536, 0.9, 80.0),
+             row("full", 8192, 0.2, 50.0), row("full", 65536, 12.8, 3200.0)]
+    assert abs(mechanisms.growth(layer, "hept", "forward", "seconds") - 9.0) < 1e-12
+    assert abs(mechanisms.growth(layer, "full", "forward", "peak_mb") - 64.0) < 1e-12
+    text = mechanisms.report(layer, [8192, 65536], ["forward"], [], "cpu", None)
+    hept_line = next(l for l in text.splitlines() if l.startswith("| hept |") and "9.0" in l)
+    full_line = next(l for l in text.splitlines() if l.startswith("| full |") and "64.0" in l)
+    assert hept_line.endswith("| 9.0 | yes |") and full_line.endswith("| 64.0 | no |")

@@ -56,7 +56,9 @@ OPTIONS = {
     "knn": {"k": 16, "coord_dim": 3},
     "serialized": {"patch_size": 1024, "coord_dim": 3},
 }
-DEFAULT_SIZES = [1024, 4096, 16384, 65536, 262144]
+DEFAULT_SIZES = [1024, 4096, 8192, 16384, 65536, 262144]
+#: The near-linearity check of the mechanisms issue: time(64k) / time(8k) ≤ 10 (N grows 8×).
+RATIO_SIZES, RATIO_LIMIT = (8192, 65536), 10.0
 MODES = ("forward", "train")
 #: Sizes up to this many points get a warm-up call and ``--repeats`` timed calls; larger ones are
 #: measured cold, once (their time dwarfs first-call effects).
@@ -225,6 +227,14 @@ def scaling_exponent(results: list[dict], name: str, mode: str, min_n: int = 409
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
 
 
+def growth(results: list[dict], name: str, mode: str, key: str) -> float:
+    """``key`` (seconds or peak_mb) at 64k over the same at 8k (nan unless both were measured)."""
+    lo, hi = (_get(results, name, n, mode) for n in RATIO_SIZES)
+    if not (ok(lo) and ok(hi)) or lo[key] <= 0:
+        return math.nan
+    return hi[key] / lo[key]
+
+
 def _get(results, m, n, mode):
     return next((r for r in results if r["mechanism"] == m and r["n"] == n and r["mode"] == mode), None)
 
@@ -256,26 +266,31 @@ def report(layer: list[dict], sizes: list[int], modes: list[str], sft: list[dict
               "Options: " + "; ".join(f"`{m}` {OPTIONS[m] or 'defaults'}" for m in names) + ". "
               "`kernel`, `hept` and `lsh_or` use head width = model width (64, as HEPT's code); the others 64/4 = 16: "
               "the FLOPs columns make that difference explicit. Ratios in parentheses are to `full` at the same N. "
-              "α = fitted exponent of time ∝ N^α over N ≥ 4096 (near-linear: α ≤ 1.3).", ""]
+              "α = fitted exponent of time ∝ N^α over N ≥ 4096. 64k/8k = time (or peak memory) at N = 65536 over "
+              f"N = 8192, an 8× growth in N: near-linear means the time ratio is at most {RATIO_LIMIT:g} "
+              "(quadratic attention would give 64).", ""]
     for mode in modes:
         title = "Forward (eval, no grad)" if mode == "forward" else "Forward + backward (train)"
         lines += [f"### {title}: time in ms", "",
-                  "| mechanism | " + " | ".join(f"N={n}" for n in sizes) + " | α | near-linear |",
-                  "|---|" + "---|" * (len(sizes) + 2)]
+                  "| mechanism | " + " | ".join(f"N={n}" for n in sizes) + " | α | 64k/8k | near-linear |",
+                  "|---|" + "---|" * (len(sizes) + 3)]
         for m in names:
             cells = [_cell(_get(layer, m, n, mode), _get(layer, "full", n, mode), "seconds", 1000)
                      for n in sizes]
-            a = scaling_exponent(layer, m, mode)
-            lines.append(f"| {m} | " + " | ".join(cells) + f" | {a:.2f} | {'yes' if a <= 1.3 else 'no'} |"
-                         if math.isfinite(a) else f"| {m} | " + " | ".join(cells) + " | — | — |")
+            a, g = scaling_exponent(layer, m, mode), growth(layer, m, mode, "seconds")
+            verdict = "—" if not math.isfinite(g) else "yes" if g <= RATIO_LIMIT else "no"
+            lines.append(f"| {m} | " + " | ".join(cells) + (f" | {a:.2f}" if math.isfinite(a) else " | —")
+                         + (f" | {g:.1f}" if math.isfinite(g) else " | —") + f" | {verdict} |")
         lines += ["", f"### {title}: peak memory above the inputs, MB", "",
-                  "| mechanism | " + " | ".join(f"N={n}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+                  "| mechanism | " + " | ".join(f"N={n}" for n in sizes) + " | 64k/8k |",
+                  "|---|" + "---|" * (len(sizes) + 1)]
         for m in names:
             cells = []
             for n in sizes:
                 r = _get(layer, m, n, mode)
                 cells.append(_cell(r, _get(layer, "full", n, mode), "peak_mb", 1) if ok(r) else "—")
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+            g = growth(layer, m, mode, "peak_mb")
+            lines.append(f"| {m} | " + " | ".join(cells) + (f" | {g:.1f} |" if math.isfinite(g) else " | — |"))
         lines += ["", f"### {title}: analytic GFLOPs / achieved GFLOP/s"
                   + (f" (% of the {peak['matmul']['gflops']:.0f} GFLOP/s peak)" if peak else ""), "",
                   "| mechanism | " + " | ".join(f"N={n}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
