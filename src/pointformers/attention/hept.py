@@ -23,6 +23,7 @@ from .block_attention import DEFAULT_CHUNK_ELEMS, projected_sorted_block_attenti
 from .hept_regions import HEPTContext, HEPTRegions
 from .kernel import KernelAttention
 from .registry import register
+from .stable_sort import stable_argsort
 
 
 def masked_range(lq: torch.Tensor, lk: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -119,8 +120,8 @@ class HEPTAttention(KernelAttention):
             tq = (lq + offset).masked_fill_(pad, float("inf"))
             tk = (lk + offset).masked_fill_(pad, float("inf"))
             base = torch.arange(B, device=qa.device).view(B, 1, 1) * Np
-            iq = torch.argsort(tq, dim=-1, stable=True).add_(base)
-            ik = torch.argsort(tk, dim=-1, stable=True).add_(base)
+            iq = stable_argsort(tq).add_(base)
+            ik = stable_argsort(tk).add_(base)
         return iq, ik
 
     def sort_indices(self, qa: torch.Tensor, ka: torch.Tensor, ctx: HEPTContext):

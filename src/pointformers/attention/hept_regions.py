@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .stable_sort import stable_argsort
+
 
 def sample_region_counts(num_regions: float, n_hashes: int, heads: int,
                          generator: torch.Generator | None = None) -> torch.Tensor:
@@ -63,7 +65,7 @@ class HEPTContext:
 def _ranks(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Rank of each real point along the last dim (padded points rank last). (B, Np) -> (B, Np)."""
     v = values.masked_fill(~mask, float("inf"))
-    order = torch.argsort(v, dim=-1, stable=True)
+    order = stable_argsort(v)
     ranks = torch.empty_like(order)
     ranks.scatter_(-1, order, torch.arange(v.shape[-1], device=v.device).expand_as(order))
     return ranks

@@ -24,6 +24,7 @@ from .block_attention import DEFAULT_CHUNK_ELEMS, sorted_block_attention
 from .hept import masked_range
 from .kernel import KernelAttention
 from .registry import register
+from .stable_sort import stable_argsort
 
 
 def sample_bucket_counts(num_regions: float, n_tables: int, n_aux: int,
@@ -129,8 +130,8 @@ class LSHAttention(KernelAttention):
         tq, tk = self.sort_keys(q, k, mask)
         H = self.heads
         base = (torch.arange(B, device=x.device).view(B, 1, 1, 1) * H + torch.arange(H, device=x.device).view(1, 1, H, 1)) * Np
-        iq = (torch.argsort(tq, dim=-1, stable=True) + base).transpose(1, 2).reshape(B * H, self.n_hashes, Np)
-        ik = (torch.argsort(tk, dim=-1, stable=True) + base).transpose(1, 2).reshape(B * H, self.n_hashes, Np)
+        iq = (stable_argsort(tq) + base).transpose(1, 2).reshape(B * H, self.n_hashes, Np)
+        ik = (stable_argsort(tk) + base).transpose(1, 2).reshape(B * H, self.n_hashes, Np)
         D = q.shape[-1]
         valid = mask[:, None, :].expand(B, H, Np).reshape(-1)
         o = sorted_block_attention(q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, self.head_dim), valid,
