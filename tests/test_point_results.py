@@ -1,0 +1,80 @@
+"""point_results: claims checked on given numbers, a tiny end-to-end run, the doc section, the memory worker."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pointformers.bench import point_results as pr
+
+
+def _row(stem, oa, rot=None, metric="oa", seed=0):
+    return {"stem": stem, "model": stem, "seed": seed, "params": 1, "metric": metric, "test": {metric: oa},
+            "test_rotated": None if rot is None else {metric: rot}, "train_s": 1.0}
+
+
+def _mem(variant, pts):
+    return [{"variant": variant, "points": n, "peak_mb": m, "step_s": 0.1} for n, m in pts]
+
+
+def test_claims_hold_or_not_on_the_numbers():
+    S = "shape-classification-"
+    shapes = [_row(S + "mlp-cls", 0.70), _row(S + "sft-cls", 0.80, 0.10), _row(S + "full-cls", 0.82),
+              _row(S + "sft-ri-cls", 0.40, 0.40), _row(S + "sampled-cls", 0.75), _row(S + "sampled-cls-full", 0.72)]
+    listops = [_row("listops-samsa-seq", 0.36, metric="accuracy"), _row("listops-mlp-seq", 0.20, metric="accuracy")]
+    memory = (_mem("sampled", [(1024, 10), (2048, 20), (4096, 40)])
+              + _mem("full (materialised, MATH kernel)", [(1024, 50), (2048, 200), (4096, 800)])
+              + _mem("full (fused SDPA kernel)", [(1024, 10), (2048, 20), (4096, 40)]))
+    claims = pr.check_claims(shapes, listops, memory)
+    assert len(claims) == 5 and all(c.startswith("HOLDS") for c in claims), claims
+    assert "MLP 70.0" in claims[0] and "sft-cls 80.0 vs full-cls 82.0 (-2.0)" in claims[1]
+    assert "40.0 -> 40.0" in claims[2] and "80.0 -> 10.0" in claims[2]
+    assert "samsa-seq 36.0 vs mlp-seq 20.0" in claims[3]
+    assert "x2.00 per doubling" in claims[4] and "x4.00 per doubling" in claims[4]
+    shapes[0]["test"]["oa"] = 0.78                          # the MLP now beats sampled-cls (75)
+    shapes[2]["test"]["oa"] = 0.90                          # sft-cls 10 points below its twin
+    shapes[3]["test_rotated"]["oa"] = 0.30                  # the invariant model drops
+    listops[1]["test"]["accuracy"] = 0.40
+    memory = memory[:3] + _mem("full (materialised, MATH kernel)", [(1024, 50), (2048, 100), (4096, 200)])
+    claims = pr.check_claims(shapes, listops, memory)
+    assert all(c.startswith("DOES NOT HOLD") for c in claims), claims
+    assert "not beaten by sampled-cls" in claims[0] and "too far" in claims[1]
+
+
+def test_tiny_end_to_end_run_writes_only_its_section(tmp_path):
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n\n<!-- hep-comparison-small:begin -->\nHEP table\n<!-- hep-comparison-small:end -->\n")
+    shape_set = [f"data.cache_dir={tmp_path}", "data.preset=tiny", "data.classes=[cone, cuboid, torus]",
+                 "data.per_class=[2, 1, 2]", "data.num_points=24", "data.mini_batch=3", "train.epochs=1"]
+    out = pr.run_point_results(
+        shape_configs=["configs/shape-classification-mlp-cls.yaml", "configs/shape-classification-sft-ri-cls.yaml",
+                       "configs/shape-classification-sft-cls.yaml"],
+        listops_configs=["configs/listops-mlp-seq.yaml"], seeds=[3], memory_sizes=(),
+        shape_overrides=shape_set, listops_overrides=[f"data.cache_dir={tmp_path}", "data.preset=tiny",
+                                                      "train.epochs=1"],
+        out_dir=tmp_path / "runs", doc=str(doc), command="python -m pointformers.bench.point_results --tiny", log=None)
+    assert [r["stem"] for r in out["shapes"]] == ["shape-classification-mlp-cls", "shape-classification-sft-ri-cls",
+                                                  "shape-classification-sft-cls"]
+    ri = out["shapes"][1]
+    # the rotation-invariant model scores the same on rotated test shapes (exact invariance)
+    assert ri["test_rotated"]["oa"] == pytest.approx(ri["test"]["oa"])
+    assert ri["test_rotated"]["loss"] == pytest.approx(ri["test"]["loss"], rel=1e-4)
+    text = doc.read_text()
+    assert "HEP table" in text and text.count("<!-- point-results:begin -->") == 1
+    assert "python -m pointformers.bench.point_results --tiny" in text and "Seeds: 3" in text
+    assert "every attention model beats the MLP" in text and "rotation-invariant SFT" in text
+    saved = json.loads((tmp_path / "runs" / "point-results.json").read_text())
+    assert saved["seeds"] == [3] and len(saved["listops"]) == 1
+    pr.write_section(str(doc), "point-results", "again", "cmd")                    # replaced, not appended
+    assert doc.read_text().count("point-results:begin") == 1 and "HEP table" in doc.read_text()
+
+
+def test_memory_worker_measures_one_training_step(capsys):
+    opts = {"num_classes": 4, "in_dim": 0, "dim": 16, "mlp_hidden": 8, "heads": 2, "head_dim": 8, "ffn_hidden": 16}
+    for attention, kernel in (("sampled", "default"), ("full", "math")):
+        pr._memory_worker(["--options", json.dumps(opts), "--attention", attention, "--kernel", kernel,
+                           "--points", "64", "--repeats", "1"])
+        r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert r["step_s"] > 0 and r["peak_mb"] >= 0
+    with pytest.raises(ValueError, match="sizes"):
+        pr.memory_comparison(sizes=[1])
