@@ -33,7 +33,7 @@ from torch import nn
 from ..data.sets import MixtureSet
 from .metrics import MixtureParams, clustering_log_likelihoods, mixture_log_likelihood
 from .minibatch import ItemPool, MiniBatch, check_mini_batch
-from .registry import TaskSpec, register_task
+from .registry import TaskSpec, register_task, config_section as _section, check_data_seed
 
 __all__ = ["PRESETS", "mixture_pool", "mixture_params", "load_mixture_sets", "ClusteringTask", "CLUSTERING_TASK"]
 
@@ -68,12 +68,6 @@ def mixture_params(d: Mapping[str, Any]):
     except (TypeError, ValueError) as exc:
         raise ValueError(f"data.{str(exc).splitlines()[0]}") from None
 
-
-def _section(cfg: Mapping[str, Any], name: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    sec = cfg.get(name) or {}
-    if not isinstance(sec, Mapping):
-        raise ValueError(f"{name}: expected a mapping, got {type(sec).__name__}")
-    return {**defaults, **{k: v for k, v in sec.items() if k != "name"}}
 
 
 def load_mixture_sets(cfg: Mapping[str, Any], splits: Sequence[str]) -> dict[str, list[MixtureSet]]:
@@ -170,8 +164,7 @@ _TASK_DEFAULTS = {"resample": True}
 
 def _validate(cfg: Mapping[str, Any]) -> None:
     d = _section(cfg, "data", _DATA_DEFAULTS)
-    if isinstance(d["seed"], bool) or not isinstance(d["seed"], int) or d["seed"] < 0:
-        raise ValueError(f"data.seed: must be an integer >= 0, got {d['seed']!r}")
+    check_data_seed(d)
     params = mixture_params(d)
     check_mini_batch(d["mini_batch"])
     opts = (cfg.get("model") or {}).get("options") or {}

@@ -30,7 +30,7 @@ from torch import nn
 from ..data.listops import VOCAB, ListOpsSet
 from .metrics import accuracy
 from .minibatch import ItemPool, MiniBatch, check_mini_batch
-from .registry import TaskSpec, register_task
+from .registry import TaskSpec, register_task, config_section as _section, check_data_seed
 
 __all__ = ["NUM_CLASSES", "listops_pool", "load_listops_sets", "ListOpsTask", "LISTOPS_TASK"]
 
@@ -46,12 +46,6 @@ def listops_pool(data: ListOpsSet) -> ItemPool:
     return ItemPool({"tokens": toks}, {"labels": torch.from_numpy(np.asarray(data.labels, np.int64))},
                     {"tokens": VOCAB["<pad>"]})
 
-
-def _section(cfg: Mapping[str, Any], name: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    sec = cfg.get(name) or {}
-    if not isinstance(sec, Mapping):
-        raise ValueError(f"{name}: expected a mapping, got {type(sec).__name__}")
-    return {**defaults, **{k: v for k, v in sec.items() if k != "name"}}
 
 
 def _params(d: Mapping[str, Any]):
@@ -179,8 +173,7 @@ _TASK_DEFAULTS = {"label_smoothing": 0.0, "resample": False}
 def _validate(cfg: Mapping[str, Any]) -> None:
     d = _section(cfg, "data", _DATA_DEFAULTS)
     t = _section(cfg, "task", _TASK_DEFAULTS)
-    if isinstance(d["seed"], bool) or not isinstance(d["seed"], int) or d["seed"] < 0:
-        raise ValueError(f"data.seed: must be an integer >= 0, got {d['seed']!r}")
+    check_data_seed(d)
     if d["root"] is not None:
         if not Path(d["root"]).expanduser().is_dir():
             raise ValueError(f"data.root: {d['root']!r} is not a folder (expected LRA's listops folder)")

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.pileup import PileupEvent, pid_category
-from .registry import TaskSpec, register_task
+from .registry import TaskSpec, register_task, config_section as _section, check_data_seed
 
 __all__ = [
     "PILEUP_FEATURES",
@@ -364,12 +364,6 @@ _TASK_SCHEMA = {"alpha": (float,), "gamma": (float,), "pt_min": (float,), "alpha
 _TASK_DEFAULTS = {"alpha": 0.25, "gamma": 2.0, "pt_min": 0.9, "alpha_mode": "uniform"}
 
 
-def _section(cfg: Mapping[str, Any], name: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    sec = cfg.get(name) or {}
-    if not isinstance(sec, Mapping):
-        raise ValueError(f"{name}: expected a mapping, got {type(sec).__name__}")
-    return {**defaults, **{k: v for k, v in sec.items() if k != "name"}}
-
 
 def _params(data: Mapping[str, Any]) -> tuple[Any, bool]:
     """(PileupParams of the preset with the config's overrides, whether anything was overridden)."""
@@ -382,8 +376,7 @@ def _params(data: Mapping[str, Any]) -> tuple[Any, bool]:
 def _validate(cfg: Mapping[str, Any]) -> None:
     d = _section(cfg, "data", _DATA_DEFAULTS)
     t = _section(cfg, "task", _TASK_DEFAULTS)
-    if isinstance(d["seed"], bool) or not isinstance(d["seed"], int) or d["seed"] < 0:
-        raise ValueError(f"data.seed: must be an integer >= 0, got {d['seed']!r}")
+    check_data_seed(d)
     if d["root"] is not None:
         if not Path(d["root"]).expanduser().exists():
             raise ValueError(f"data.root: {d['root']!r} does not exist (a Delphes .root file or a folder of them)")

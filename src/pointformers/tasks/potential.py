@@ -37,7 +37,7 @@ from torch import nn
 from ..data.sets import Configuration
 from .metrics import mean_absolute_error
 from .minibatch import ItemPool, MiniBatch, check_mini_batch
-from .registry import TaskSpec, register_task
+from .registry import TaskSpec, register_task, config_section as _section, check_data_seed
 
 __all__ = ["PRESETS", "energy_standardisation", "potential_pool", "potential_params", "load_configurations",
            "PairPotentialTask", "PAIR_POTENTIAL_TASK"]
@@ -76,12 +76,6 @@ def potential_pool(configs: Sequence[Configuration], n_species: int, mu: float, 
                      "atoms": torch.tensor([len(c.pos) for c in configs], dtype=torch.float64)},
                     meta={"mu": float(mu), "sigma": float(sigma)})
 
-
-def _section(cfg: Mapping[str, Any], name: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    sec = cfg.get(name) or {}
-    if not isinstance(sec, Mapping):
-        raise ValueError(f"{name}: expected a mapping, got {type(sec).__name__}")
-    return {**defaults, **{k: v for k, v in sec.items() if k != "name"}}
 
 
 def potential_params(d: Mapping[str, Any]):
@@ -210,8 +204,7 @@ _TASK_DEFAULTS = {"loss": "l1", "resample": True}
 def _validate(cfg: Mapping[str, Any]) -> None:
     d = _section(cfg, "data", _DATA_DEFAULTS)
     t = _section(cfg, "task", _TASK_DEFAULTS)
-    if isinstance(d["seed"], bool) or not isinstance(d["seed"], int) or d["seed"] < 0:
-        raise ValueError(f"data.seed: must be an integer >= 0, got {d['seed']!r}")
+    check_data_seed(d)
     params = potential_params(d)
     check_mini_batch(d["mini_batch"])
     if t["loss"] not in LOSSES:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["TaskSpec", "register_task", "get_task", "available_tasks"]
+__all__ = ["TaskSpec", "register_task", "get_task", "available_tasks", "config_section", "check_data_seed"]
 
 
 @dataclass(frozen=True)
@@ -113,3 +113,18 @@ def get_task(name: str) -> TaskSpec:
     if name not in _TASKS:
         raise ValueError(f"task.name: unknown task {name!r} (valid: {', '.join(sorted(_TASKS))})")
     return _TASKS[name]
+
+
+def config_section(cfg: Mapping[str, Any], name: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Section ``name`` of a config over the task's ``defaults`` (``task.name`` dropped); ValueError if not a mapping."""
+    sec = cfg.get(name) or {}
+    if not isinstance(sec, Mapping):
+        raise ValueError(f"{name}: expected a mapping, got {type(sec).__name__}")
+    return {**defaults, **{k: v for k, v in sec.items() if k != "name"}}
+
+
+def check_data_seed(data: Mapping[str, Any]) -> None:
+    """``data.seed`` must be an integer >= 0 (one-line ValueError naming the key)."""
+    seed = data["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"data.seed: must be an integer >= 0, got {seed!r}")

@@ -63,7 +63,7 @@ from .metrics import (
     restricted_part_predictions,
 )
 from .minibatch import ItemPool, MiniBatch, check_mini_batch
-from .registry import TaskSpec, register_task
+from .registry import TaskSpec, register_task, config_section as _section, check_data_seed
 
 __all__ = [
     "FORMATS", "AUGMENTATIONS", "ROTATIONS", "shape_pool", "rotate_clouds", "auto_augmentation", "build_augmentation",
@@ -130,12 +130,6 @@ def rotate_clouds(clouds: ShapeCloudSet, rotation: str, seed: int, up_axis: str 
     return ShapeCloudSet(out, clouds.class_names, clouds.part_names, clouds.class_parts,
                          {**clouds.meta, "rotated": rotation})
 
-
-def _section(cfg: Mapping[str, Any], name: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    sec = cfg.get(name) or {}
-    if not isinstance(sec, Mapping):
-        raise ValueError(f"{name}: expected a mapping, got {type(sec).__name__}")
-    return {**defaults, **{k: v for k, v in sec.items() if k != "name"}}
 
 
 def _procedural_params(d: Mapping[str, Any]):
@@ -443,8 +437,7 @@ def _shape_counts(cfg: Mapping[str, Any]) -> tuple[int, int] | None:
 def _validate(cfg: Mapping[str, Any], parts: bool) -> None:
     d = _section(cfg, "data", _DATA_DEFAULTS)
     t = _section(cfg, "task", _CLS_TASK_DEFAULTS)
-    if isinstance(d["seed"], bool) or not isinstance(d["seed"], int) or d["seed"] < 0:
-        raise ValueError(f"data.seed: must be an integer >= 0, got {d['seed']!r}")
+    check_data_seed(d)
     if d["format"] not in FORMATS:
         raise ValueError(f"data.format: expected one of {', '.join(FORMATS)}, got {d['format']!r}")
     if parts and d["format"] not in ("procedural", "shapenetpart"):
