@@ -43,6 +43,7 @@ class PileupClassifier(nn.Module):
             block_size, n_hashes, num_regions, attention_options: the
             :class:`PointTransformerJK` encoder's options (``out_dim`` is the width fed to the
             final ``Linear(out_dim, 1)``; HEPT: 12).
+        pe: "none" (HEPT) or "learned" (the coordinate encoding of HEPT's transformer baselines).
     Shapes: forward(x (B, N, F), coords (B, N, c), mask (B, N) | None) -> logits (B, N);
     a single cloud (N, F), (N, c) gives (N,). Padded points get logit 0.
 
@@ -54,7 +55,7 @@ class PileupClassifier(nn.Module):
                  heads: int = 8, head_dim: int | None = 24, n_layers: int = 4, out_dim: int = 12,
                  mlp_hidden: int = 256, mlp_layers: int = 5, dropout: float = 0.1, attention: str = "hept",
                  block_size: int = 100, n_hashes: int = 3, num_regions: float = 140,
-                 attention_options: dict | None = None):
+                 attention_options: dict | None = None, pe: str = "none"):
         super().__init__()
         for name, v in (("in_dim", in_dim), ("num_pid", num_pid), ("pid_dim", pid_dim), ("coord_dim", coord_dim)):
             if isinstance(v, bool) or not isinstance(v, int) or v < (2 if name == "in_dim" else 1):
@@ -65,7 +66,7 @@ class PileupClassifier(nn.Module):
             in_dim=in_dim - 1 + pid_dim, coord_dim=coord_dim, dim=dim, heads=heads, head_dim=head_dim,
             n_layers=n_layers, out_dim=out_dim, mlp_hidden=mlp_hidden, mlp_layers=mlp_layers, dropout=dropout,
             attention=attention, block_size=block_size, n_hashes=n_hashes, num_regions=num_regions,
-            attention_options=attention_options)
+            attention_options=attention_options, pe=pe)
         self.out_proj = nn.Linear(out_dim, 1)
 
     def forward(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
