@@ -78,3 +78,17 @@ def test_mechanisms_growth_ratio_and_verdict_columns():
     hept_line = next(l for l in text.splitlines() if l.startswith("| hept |") and "9.0" in l)
     full_line = next(l for l in text.splitlines() if l.startswith("| full |") and "64.0" in l)
     assert hept_line.endswith("| 9.0 | yes |") and full_line.endswith("| 64.0 | no |")
+
+
+def test_peak_of_a_worker_started_by_a_large_process_is_its_own():
+    # The kernel folds a parent's resident size at fork into an exec'ed child's ru_maxrss; the
+    # harness must report the worker's own peak (VmHWM), not the parent's size.
+    import subprocess
+    import sys
+
+    held = torch.ones(900 * 2**20 // 4)  # noqa: F841  (900 MB resident here, the parent)
+    held += 1
+    code = ("import torch; from pointformers.bench.harness import measure; "
+            "print(measure(lambda: torch.ones(4 * 2**20).sum(), repeats=1)['peak_mb'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert float(out.stdout.strip().splitlines()[-1]) < 100

@@ -71,6 +71,19 @@ def reset_peak_rss() -> bool:
 
 
 def peak_bytes() -> int:
+    """Peak resident bytes of this process's memory map since :func:`reset_peak_rss`.
+
+    Linux: ``VmHWM`` of /proc/self/status, the map's own high-water mark. Not ``ru_maxrss``:
+    the kernel folds the parent's resident size at fork into an exec'ed child's ``ru_maxrss``,
+    so a worker started by a large process (e.g. one that trained models) would report the
+    parent's size, and ``clear_refs`` does not reset that part."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     scale = 1 if sys.platform == "darwin" else 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
