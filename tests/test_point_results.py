@@ -67,6 +67,12 @@ def test_tiny_end_to_end_run_writes_only_its_section(tmp_path):
     assert saved["seeds"] == [3] and len(saved["listops"]) == 1
     pr.write_section(str(doc), "point-results", "again", "cmd")                    # replaced, not appended
     assert doc.read_text().count("point-results:begin") == 1 and "HEP table" in doc.read_text()
+    # --reuse: the same rows again without training, the claims recomputed from them
+    again = pr.run_point_results(seeds=[99], memory_sizes=(), out_dir=tmp_path / "runs2", doc=None, log=None,
+                                 reuse=tmp_path / "runs" / "point-results.json")
+    assert again["shapes"] == saved["shapes"] and again["claims"] == saved["claims"]
+    with pytest.raises(ValueError, match="reuse"):
+        pr.run_point_results(memory_sizes=(), log=None, reuse=tmp_path / "missing.json")
 
 
 def test_memory_worker_measures_one_training_step(capsys):

@@ -373,9 +373,12 @@ def run_point_results(shape_configs: Sequence[str] = SHAPE_CONFIGS, listops_conf
                       shape_overrides: Sequence[str] = (), listops_overrides: Sequence[str] = (),
                       memory_config: str = MEMORY_CONFIG, out_dir: str | os.PathLike = "runs/point-results",
                       doc: str | None = None, command: str | None = None,
-                      log: Callable[[str], None] | None = print) -> dict[str, Any]:
+                      log: Callable[[str], None] | None = print, reuse: str | os.PathLike | None = None
+                      ) -> dict[str, Any]:
     """Run the three measurements, check the claims, optionally write the ``point-results`` section of ``doc``.
 
+    ``reuse``: a ``point-results.json`` of an earlier run whose shape and ListOps rows (and seeds)
+    are taken as they are instead of training again (to re-measure memory only).
     Returns ``{"shapes", "listops", "memory", "claims", "markdown"}`` (and writes
     ``out_dir/point-results.json``).
     """
@@ -384,6 +387,14 @@ def run_point_results(shape_configs: Sequence[str] = SHAPE_CONFIGS, listops_conf
     say = log or (lambda s: None)
     t0 = time.perf_counter()
     shapes = listops = memory = []
+    if reuse is not None:
+        try:
+            earlier = json.loads(Path(reuse).read_text())
+            shapes, listops, seeds = earlier["shapes"], earlier["listops"], earlier["seeds"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(f"reuse: {str(reuse)!r} is not a readable point-results.json ({exc})") from None
+        say(f"reusing the shape and ListOps rows of {reuse} (seeds {seeds})")
+        shape_configs = listops_configs = ()
     if shape_configs:
         say(f"shapes: {len(shape_configs)} configs x {len(seeds)} seeds")
         shapes = run_experiment(shape_configs, seeds, shape_overrides, out_dir, rotated_test=True, log=say)
@@ -431,11 +442,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--out", default="runs/point-results")
     p.add_argument("--write", default=None, metavar="DOC", help="markdown file whose point-results section to update")
+    p.add_argument("--reuse", default=None, metavar="JSON",
+                   help="take the shape and ListOps rows from an earlier point-results.json (re-measure memory only)")
     a = p.parse_args(argv)
     if a.threads is not None:
         torch.set_num_threads(a.threads)
     run_point_results(a.shape_configs, a.listops_configs, a.seeds, a.memory_sizes, a.shape_set, a.listops_set,
-                      a.memory_config, a.out, a.write)
+                      a.memory_config, a.out, a.write, reuse=a.reuse)
     return 0
 
 
