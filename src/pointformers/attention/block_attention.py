@@ -70,8 +70,8 @@ def fill_norm_columns(qa: torch.Tensor, ka: torch.Tensor) -> None:
         ka[..., D + 1] = -0.5 * ka[..., :D].pow(2).sum(-1)
 
 
-def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int):
-    """Forward loop. Returns out (R, dv) and den (R,) = Σ_t denominators + T·1e−20."""
+def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int, out=None):
+    """Forward loop. Returns out (R, dv) (written into ``out`` if given) and den (R,) = Σ_t denominators + T·1e−20."""
     b = block_size
     bq_all, bk_all = iq.reshape(-1, b), ik.reshape(-1, b)  # every (group, table, block)
     acc = va.new_zeros(va.shape)  # [Σ_t numerator, Σ_t denominator] per row
@@ -80,7 +80,7 @@ def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int):
         scores = _scores(torch.bmm(_rows(qa, bq), _rows(ka, bk).transpose(1, 2)))
         acc.index_add_(0, bq.reshape(-1), torch.bmm(scores, _rows(va, bk)).flatten(0, 1))
     den = acc[:, -1] + iq.shape[1] * DENOM_EPS
-    return acc[:, :-1] / den[:, None], den
+    return torch.div(acc[:, :-1], den[:, None], out=out), den
 
 
 def _attend_backward(qa, ka, va, iq, ik, out, den, grad_out, block_size: int, chunk_blocks: int):
@@ -166,7 +166,7 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
         for h in range(heads):
             qa, ka, va = head_rows(xp, wq, wk, wv, heads, h)
             iq, ik = sort_head(qa, ka, h)
-            out[:, h], den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks)
+            _, den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks, out=out[:, h])
             orders.append(torch.stack([iq, ik]))
         ctx.save_for_backward(xp, wq, wk, wv, torch.stack(orders), out, den)
         ctx.heads, ctx.block_size, ctx.chunk_blocks = heads, block_size, chunk_blocks

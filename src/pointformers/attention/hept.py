@@ -116,8 +116,11 @@ class HEPTAttention(KernelAttention):
             B, Np = ctx.mask.shape
             alpha = self.alpha[h].to(qa.dtype)  # (d + c, T)
             D = alpha.shape[0]
-            lq = (qa[:, :D] @ alpha).view(B, Np, -1).transpose(1, 2)  # E2LSH base hash (no bucketing) of q̂, k̂
-            lk = (ka[:, :D] @ alpha).view(B, Np, -1).transpose(1, 2)
+            # E2LSH base hash (no bucketing) of q̂, k̂; alpha padded with zero rows for the two norm
+            # columns so the GEMM reads the contiguous rows instead of a strided slice
+            alpha = torch.cat([alpha, alpha.new_zeros(qa.shape[1] - D, alpha.shape[1])])
+            lq = (qa @ alpha).view(B, Np, -1).transpose(1, 2)
+            lk = (ka @ alpha).view(B, Np, -1).transpose(1, 2)
             delta = masked_range(lq[:, :, None], lk[:, :, None], ctx.mask)[:, :, 0]  # (B, T, 1)
             offset = ctx.codes[:, :, h].to(qa.dtype) * delta
             pad = ~ctx.mask[:, None, :]
