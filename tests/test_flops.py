@@ -110,8 +110,8 @@ def test_mechanisms_report_ratios_exponent_and_skips():
     text = mechanisms.report(rs, [4096, 16384, 65536], ["forward"], [], "cpu",
                              {"matmul": {"gflops": 10.0, "size": 64}, "block_gemm": {"gflops": 5.0, "shape": [1, 2, 3]}})
     assert "skipped: predicted 500 s > 120 s limit" in text
-    assert "| hept | 410 (0.24) | 1638 (0.06) | 6554 | 1.00 | yes |" in text  # 0.41 s vs full's 1.68 s at 4k
-    assert "| full | 1678 (1.00) | 26844 (1.00) | skipped: predicted 500 s > 120 s limit | 2.00 | no |" in text
+    assert "| hept | 410 (0.24) | 1638 (0.06) | 6554 | 1.00 | — | yes |" in text  # 0.41 s vs full's 1.68 s at 4k
+    assert "| full | 1678 (1.00) | 26844 (1.00) | skipped: predicted 500 s > 120 s limit | 2.00 | — | no |" in text
     assert "/ 1.0 (10 %)" in text  # achieved 1 GFLOP/s of the 10 GFLOP/s peak
 
 
