@@ -110,3 +110,23 @@ def cached_arrays(
     except OSError:
         pass  # a read-only or full disk must not stop generation; we just do not cache
     return dict(arrays)
+
+
+def params_from_preset(cls: type, presets: Mapping[str, Mapping[str, Any]], kind: str, name: str, **overrides: Any):
+    """``cls(**presets[name]).replace(**overrides)`` for a generator-parameter dataclass ``cls``;
+    ValueError naming the valid presets of ``kind`` (e.g. "tracking") for an unknown name."""
+    if name not in presets:
+        raise ValueError(f"preset: unknown {kind} preset {name!r}; valid presets: {sorted(presets)}")
+    return cls(**presets[name]).replace(**overrides)
+
+
+def resolve_generator_params(cls: type, presets: Mapping[str, Mapping[str, Any]], kind: str, preset_or_params: Any):
+    """A ``cls`` instance from a preset name, an instance (returned as is) or a mapping of field values."""
+    if isinstance(preset_or_params, cls):
+        return preset_or_params
+    if isinstance(preset_or_params, str):
+        return params_from_preset(cls, presets, kind, preset_or_params)
+    if isinstance(preset_or_params, Mapping):
+        return cls().replace(**dict(preset_or_params))
+    raise ValueError(f"preset_or_params: expected a preset name, {cls.__name__} or mapping, "
+                     f"got {type(preset_or_params).__name__}")

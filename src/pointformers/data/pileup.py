@@ -50,7 +50,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .cache import cache_path, cached_arrays, default_cache_dir, save_arrays
+from .cache import (cache_path, cached_arrays, default_cache_dir, params_from_preset, resolve_generator_params,
+                    save_arrays)
 
 #: Bump when the generator's output for given parameters changes (invalidates caches).
 GENERATOR_VERSION = 1
@@ -323,21 +324,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def preset_params(name: str, **overrides: Any) -> PileupParams:
     """The :class:`PileupParams` of preset ``name`` (with optional field overrides)."""
-    if name not in PRESETS:
-        raise ValueError(f"preset: unknown pile-up preset {name!r}; valid presets: {sorted(PRESETS)}")
-    return PileupParams(**PRESETS[name]).replace(**overrides)
+    return params_from_preset(PileupParams, PRESETS, "pile-up", name, **overrides)
 
 
 def resolve_params(preset_or_params: str | PileupParams | Mapping[str, Any]) -> PileupParams:
     """Accept a preset name, a :class:`PileupParams`, or a mapping of field values."""
-    if isinstance(preset_or_params, PileupParams):
-        return preset_or_params
-    if isinstance(preset_or_params, str):
-        return preset_params(preset_or_params)
-    if isinstance(preset_or_params, Mapping):
-        return PileupParams().replace(**dict(preset_or_params))
-    raise ValueError(f"preset_or_params: expected a preset name, PileupParams or mapping, "
-                     f"got {type(preset_or_params).__name__}")
+    return resolve_generator_params(PileupParams, PRESETS, "pile-up", preset_or_params)
 
 
 # ============================================================================ generation

@@ -54,7 +54,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .cache import cache_path, cached_arrays, default_cache_dir, save_arrays
+from .cache import (cache_path, cached_arrays, default_cache_dir, params_from_preset, resolve_generator_params,
+                    save_arrays)
 from .event import CLUSTER_FEATURES, TrackingEvent, empty_event, pack_events, unpack_events
 
 #: Bump when the generator's output for given parameters changes (invalidates caches).
@@ -380,20 +381,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def preset_params(name: str, **overrides: Any) -> TrackingParams:
     """The :class:`TrackingParams` of preset ``name`` (with optional field overrides)."""
-    if name not in PRESETS:
-        raise ValueError(f"preset: unknown tracking preset {name!r}; valid presets: {sorted(PRESETS)}")
-    return TrackingParams(**PRESETS[name]).replace(**overrides)
+    return params_from_preset(TrackingParams, PRESETS, "tracking", name, **overrides)
 
 
 def resolve_params(preset_or_params: str | TrackingParams | Mapping[str, Any]) -> TrackingParams:
     """Accept a preset name, a :class:`TrackingParams`, or a mapping of field values."""
-    if isinstance(preset_or_params, TrackingParams):
-        return preset_or_params
-    if isinstance(preset_or_params, str):
-        return preset_params(preset_or_params)
-    if isinstance(preset_or_params, Mapping):
-        return TrackingParams().replace(**dict(preset_or_params))
-    raise ValueError(f"preset_or_params: expected a preset name, TrackingParams or mapping, got {type(preset_or_params).__name__}")
+    return resolve_generator_params(TrackingParams, PRESETS, "tracking", preset_or_params)
 
 
 # ============================================================================ particles
