@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 import zipfile
@@ -110,6 +111,19 @@ def cached_arrays(
     except OSError:
         pass  # a read-only or full disk must not stop generation; we just do not cache
     return dict(arrays)
+
+
+def param_error(params: Any, name: str, why: str) -> None:
+    """Raise the one-line ValueError of a bad generator parameter: ``name: why, got value``."""
+    raise ValueError(f"{name}: {why}, got {getattr(params, name)!r}")
+
+
+def finite_param(params: Any, name: str) -> float:
+    """Field ``name`` of ``params`` as a float; :func:`param_error` unless it is a finite real number."""
+    v = getattr(params, name)
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
+        param_error(params, name, "expected a finite number")
+    return float(v)
 
 
 def params_from_preset(cls: type, presets: Mapping[str, Mapping[str, Any]], kind: str, name: str, **overrides: Any):

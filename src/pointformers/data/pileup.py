@@ -50,8 +50,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .cache import (cache_path, cached_arrays, default_cache_dir, params_from_preset, resolve_generator_params,
-                    save_arrays)
+from .cache import (cache_path, cached_arrays, default_cache_dir, finite_param, param_error, params_from_preset,
+                    resolve_generator_params, save_arrays)
 
 #: Bump when the generator's output for given parameters changes (invalidates caches).
 GENERATOR_VERSION = 1
@@ -250,13 +250,10 @@ class PileupParams:
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
-            raise ValueError(f"{name}: {why}, got {getattr(self, name)!r}")
+            param_error(self, name, why)
 
         def finite(name: str) -> float:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
-                bad(name, "expected a finite number")
-            return float(v)
+            return finite_param(self, name)
 
         v = self.n_events
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
