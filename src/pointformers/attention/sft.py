@@ -52,18 +52,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..nn import fast_linear
 from .base import TokenMixer, check_attention_inputs
 from .registry import register
 from .sampling import NEG_INF, gather_rows, gumbel_noise, softplus_power_ratio, stable_descending_order, work_dtype
 
 _RPE_KINDS = ("none", "points", "sequence", "graph")
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _linear_t(lin: nn.Linear, xt: torch.Tensor) -> torch.Tensor:
-    """``lin(x)`` transposed, from xt = xᵀ (B, in, n) (any strides) -> (B, out, n) contiguous; bias fused in the GEMM."""
-    w = lin.weight.expand(xt.shape[0], *lin.weight.shape)
-    return torch.bmm(w, xt) if lin.bias is None else torch.baddbmm(lin.bias[:, None], w, xt)
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,7 +99,8 @@ class _MaxoutScore(torch.autograd.Function):
         return gq, gk, None
 
 
-def maxout_scores_t(qt: torch.Tensor, kt: torch.Tensor, scale: float = 1.0, block_elems: int = 1 << 19) -> torch.Tensor:
+def maxout_scores_t(qt: torch.Tensor, kt: torch.Tensor, scale: float = 1.0, block_elems: int = 1 << 19,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Transposed pairwise maxout ``S[g, j, i] = scale · Σ_c max(qt[g, c, i], kt[g, c, j])`` (no autograd).
 
     qt (G, d, n), kt (G, d, m), both contiguous -> (G, m, n) contiguous. The CPU kernel behind
@@ -112,10 +108,11 @@ def maxout_scores_t(qt: torch.Tensor, kt: torch.Tensor, scale: float = 1.0, bloc
     ``maximum`` over a cache-sized (d, m', n') tile (queries contiguous, a key broadcast per row)
     followed by the channel sum as a (1 × d) GEMM, which also applies ``scale``. Exact up to float
     summation order; the work buffer holds at most ``block_elems`` elements (one reused tile).
+    ``out``: optional contiguous (G, m, n) tensor to write into (a reused buffer).
     """
     G, d, n = qt.shape
     m = kt.shape[2]
-    out = qt.new_empty(G, m, n)
+    out = qt.new_empty(G, m, n) if out is None else out
     w = qt.new_full((1, d), scale)
     if d * m * n <= block_elems:  # several whole groups per tile
         gc = min(G, block_elems // (d * m * n))
@@ -478,50 +475,60 @@ class SFTAttention(TokenMixer):
         return (self.fast_inference and not self.training and not torch.is_grad_enabled() and self.rpe == "none"
                 and not self.dense_reference and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64))
 
-    def _forward_fast(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """Eval/no-grad attention for a batch without padding (``rpe="none"``); ``residual + attn(x)`` if given.
+    def _forward_fast(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                      norm: nn.Module | None = None) -> torch.Tensor:
+        """Eval/no-grad attention for a batch without padding (``rpe="none"``): ``residual + attn(norm(x))``.
 
-        Same mathematics as :meth:`_forward_general`, laid out for the CPU: everything runs with
-        the queries on the contiguous axis, i.e. on Qᵀ (B·h, d_h, N), Kᵀ/Vᵀ (B·h, d_h, k') and the
-        attention map Aᵀ (B·h, k', N), so no ``transpose().contiguous()`` copy is needed (GEMMs
-        take transposed operands for free); the maxout is :func:`maxout_scores_t` with the 1/√d_h
-        folded into its channel sum; ReLU is in place; rows are normalised after ``P V`` (d_h
-        divisions per query instead of k'); biases and the residual are GEMM accumulators.
+        ``residual`` None adds nothing; ``norm`` None applies none (the pre-LN block passes its LN₁,
+        applied here one sample at a time so that no normalised copy of the whole batch is made).
+        Same mathematics as :meth:`_forward_general` (sampling is per cloud, so sample-by-sample is
+        exact), laid out for the CPU: one sample at a time, its Qᵀ and attention map in reused
+        cache-sized buffers, with the queries on the contiguous axis, i.e. on Qᵀ (h, d_h, N),
+        Kᵀ/Vᵀ (h, d_h, k') and the attention map Aᵀ (h, k', N), so no transpose copy is needed (2-D
+        GEMMs read transposed operands in place); the maxout is :func:`maxout_scores_t` with the
+        1/√d_h folded into its channel sum; ReLU is in place; rows are normalised after ``P V``
+        (d_h divisions per query instead of k'); biases and the residual are GEMM accumulators.
         """
-        B, N, _ = x.shape
+        B, N, D = x.shape
         H, d = self.heads, self.head_dim
-        samp = self.sampler(x, None)
-        x1 = gather_rows(x, samp.idx_top)
-        if self.hard_eval:
-            xs = x1                                                                    # p := 1
-        else:
-            pcol = samp.p.unsqueeze(-1)
-            xs = pcol * x1 + (1 - pcol) * gather_rows(x, samp.idx_rand)               # (B, k', D) duplets
-        kk = xs.shape[1]
-        xst = xs.transpose(1, 2)
-        qt = _linear_t(self.w_q, x.transpose(1, 2)).view(B * H, d, N)                 # Qᵀ
-        kt = _linear_t(self.w_k, xst).view(B * H, d, kk)                              # Kᵀ
-        vt = _linear_t(self.w_v, xst).view(B * H, d, kk)                              # Vᵀ
-        num = maxout_scores_t(qt, kt, scale=1.0 / math.sqrt(d)).relu_()               # (B·h, k', N)
-        den = num.sum(1).add_(self.eps)                                                # (B·h, N)
-        if self.leaky:
-            if self.leak_mode == "per_key_sum":
-                den += F.softplus(self.w_c(xs)).sum(1).view(B * H, 1)                 # Σ_keys Softplus(C)
-            else:
-                den += F.softplus(self.w_c(x)).transpose(1, 2).reshape(B * H, N)
         wo = self.out_linear.weight.t()                                                # (h·d, D)
-        if kk <= d:
-            # Associate as P (V Wₒᵀ): U_h = V_h Wₒ,ₕᵀ is (k' × D) per head, so the final GEMM over
-            # [P_1 … P_h] (N × h·k') is no larger than the output projection and P·V disappears.
-            num.div_(den.unsqueeze(1))                                                 # P, (B·h, k', N)
-            u = torch.matmul(vt.view(B, H, d, kk).transpose(-1, -2), wo.view(H, d, self.dim))  # (B, h, k', D)
-            a, w = num.view(B, H * kk, N).transpose(1, 2), u.view(B, H * kk, self.dim)
-        else:
-            o = torch.bmm(vt, num).div_(den.unsqueeze(1))                              # (B·h, d, N) = (P V)ᵀ
-            a, w = o.view(B, H * d, N).transpose(1, 2), wo.expand(B, H * d, self.dim)  # (B, N, h·d) view
         if residual is None:
-            return torch.baddbmm(self.out_linear.bias, a, w)
-        return (residual + self.out_linear.bias).baddbmm_(a, w)
+            out = self.out_linear.bias.expand(B, N, D).clone()
+        else:
+            out = residual + self.out_linear.bias
+        num = None                                                                     # per-sample buffer
+        scale = 1.0 / math.sqrt(d)
+        for b in range(B):
+            xb = x[b:b + 1] if norm is None else norm(x[b:b + 1])                      # (1, N, D)
+            samp = self.sampler(xb, None)
+            xs = gather_rows(xb, samp.idx_top)
+            if not self.hard_eval:
+                pcol = samp.p.unsqueeze(-1)
+                xs = pcol * xs + (1 - pcol) * gather_rows(xb, samp.idx_rand)          # (1, k', D) duplets
+            xs = xs[0]
+            kk = xs.shape[0]
+            if num is None:
+                num = x.new_empty(H, kk, N)
+            kt = fast_linear.linear(self.w_k, xs).t().reshape(H, d, kk)               # Kᵀ (small)
+            vt = fast_linear.linear(self.w_v, xs).t().reshape(H, d, kk)               # Vᵀ
+            qt = fast_linear.linear(self.w_q, xb[0]).t().contiguous()                  # Qᵀ (h·d, N)
+            maxout_scores_t(qt.view(H, d, N), kt, scale=scale, out=num).relu_()        # (h, k', N)
+            den = num.sum(1).add_(self.eps)                                            # (h, N)
+            if self.leaky:
+                if self.leak_mode == "per_key_sum":
+                    den += F.softplus(self.w_c(xs)).sum(0)[:, None]                    # Σ_keys Softplus(C)
+                else:
+                    den += F.softplus(self.w_c(xb[0])).t()
+            if kk <= d:
+                # Associate as P (V Wₒᵀ): U_h = V_h Wₒ,ₕᵀ is (k' × D) per head, so the final GEMM over
+                # [P_1 … P_h] (N × h·k') is no larger than the output projection and P·V disappears.
+                num.div_(den.unsqueeze(1))                                             # P
+                u = torch.matmul(vt.transpose(-1, -2), wo.view(H, d, D))              # (h, k', D)
+                out[b] += fast_linear.matmul(num.view(H * kk, N).t(), u.view(H * kk, D))
+            else:
+                o = torch.bmm(vt, num).div_(den.unsqueeze(1))                          # (h, d, N) = (P V)ᵀ
+                out[b] += fast_linear.linear(self.out_linear, o.view(H * d, N).t(), use_bias=False)
+        return out
 
     def _forward_general(self, x, pos, mask, *, edge_attr=None, generator=None, **unused) -> torch.Tensor:
         """The general path (training, autograd, padding, relative features); inputs already validated."""
@@ -629,40 +636,49 @@ class SFTBlock(nn.Module):
     def _forward_fast(self, x: torch.Tensor) -> torch.Tensor:
         """Eval/no-grad block without padding: residuals are folded into the output GEMMs."""
         if self.norm_position == "pre":
-            x = self.attn._forward_fast(self.norm1(x), residual=x)         # a new tensor: x is the caller's
-            return self._ffn_fast(self.norm2(x), residual=x, inplace=True)  # ours: accumulate into it
+            x = self.attn._forward_fast(x, residual=x, norm=self.norm1)     # a new tensor: x is the caller's
+            return self._ffn_fast(x, residual=x, inplace=True, norm=self.norm2)  # ours: accumulate into it
         x = self.norm1(self.attn._forward_fast(x, residual=x))
         return self.norm2(self._ffn_fast(x, residual=x))                     # x is also the FFN input
 
     def _ffn_fast(self, h: torch.Tensor, residual: torch.Tensor, inplace: bool = False,
-                  block_elems: int = 1 << 18) -> torch.Tensor:
-        """``residual + W₂·GeLU(W₁h + b₁) + b₂`` over row blocks, no autograd.
+                  block_elems: int = 1 << 18, norm: nn.Module | None = None) -> torch.Tensor:
+        """``residual + W₂·GeLU(W₁·norm(h) + b₁) + b₂`` over row blocks, no autograd.
 
-        The (rows × 4D) hidden block is one reused, cache-sized buffer: no 4·B·N·D activation is
-        allocated, GeLU (exact, as ``nn.GELU``) runs in place on it, and the second GEMM
-        accumulates straight into the output, which starts as ``residual + b₂`` (``residual``
-        itself when ``inplace``; it must then not share memory with ``h``).
+        The (rows × 4D) hidden block is cache-sized: no 4·B·N·D activation is allocated. The output
+        is ``residual`` itself when ``inplace`` (else a copy) and each row block of it is written
+        only after that block of ``h`` was read, so ``h`` may be ``residual`` itself. ``norm`` (a
+        row-wise LayerNorm, or None) is applied block by block. With oneDNN (:mod:`..nn.fast_linear`,
+        float32) the GeLU is fused into the first GEMM; otherwise the hidden block is one reused
+        buffer, GeLU (exact, as ``nn.GELU``) runs in place on it and the second GEMM accumulates
+        straight into the output.
         """
         lin1, act, _, lin2 = self.ffn
         D = h.shape[-1]
         h2 = h.reshape(-1, D)
-        if lin2.bias is None:
-            y = residual if inplace else residual.clone()
-        else:
-            y = residual.add_(lin2.bias) if inplace else residual + lin2.bias
+        y = residual if inplace else residual.clone()
         y2 = y.view(-1, y.shape[-1])
         rows = max(1, min(h2.shape[0], block_elems // lin1.out_features))
+        if fast_linear.enabled() and act.approximate == "none" and h.dtype == torch.float32:
+            # oneDNN: GeLU fused into the first GEMM, both biases inside the kernels
+            for s in range(0, h2.shape[0], rows):
+                hb = h2[s:s + rows] if norm is None else norm(h2[s:s + rows])
+                y2[s:s + rows] += fast_linear.linear(lin2, fast_linear.linear(lin1, hb, "gelu"))
+            return y
         buf = h.new_empty(rows, lin1.out_features)
         w1, w2 = lin1.weight.t(), lin2.weight.t()
         for s in range(0, h2.shape[0], rows):
             e = min(h2.shape[0], s + rows)
             b = buf[: e - s]
+            hb = h2[s:e] if norm is None else norm(h2[s:e])   # read before this block of y is written
             if lin1.bias is None:
-                torch.mm(h2[s:e], w1, out=b)
+                torch.mm(hb, w1, out=b)
             else:
-                torch.addmm(lin1.bias, h2[s:e], w1, out=b)
+                torch.addmm(lin1.bias, hb, w1, out=b)
             torch.ops.aten.gelu_(b, approximate=act.approximate)
             y2[s:e].addmm_(b, w2)
+            if lin2.bias is not None:
+                y2[s:e] += lin2.bias
         return y
 
 

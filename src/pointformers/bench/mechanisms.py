@@ -116,9 +116,18 @@ def layer_worker(name: str, n: int, mode: str, repeats: int, device: str = "cpu"
     return measure(step, repeats)
 
 
-def sft_worker(k: int, repeats: int) -> dict:
-    """Table 6 protocol; k = 0 means the built-in TransformerEncoderLayer."""
+def sft_worker(k: int, repeats: int, gemm: str = "auto") -> dict:
+    """Table 6 protocol; k = 0 means the built-in TransformerEncoderLayer.
+
+    ``gemm="plain"`` switches off the oneDNN linear kernels of :mod:`pointformers.nn.fast_linear`,
+    so SFT's GEMMs go through the same ``addmm`` (MKL) as the built-in layer's.
+    """
     from ..attention.sft import SFTBlock
+    from ..nn import fast_linear
+
+    if gemm not in ("auto", "plain"):
+        raise ValueError(f"gemm: expected 'auto' or 'plain', got {gemm!r}")
+    fast_linear.set_enabled(gemm == "auto")
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -319,6 +328,8 @@ def report(layer: list[dict], sizes: list[int], modes: list[str], sft: list[dict
                   "", "| layer | seconds | speed-up vs built-in |", "|---|---|---|"]
         for r in sft:
             label = "nn.TransformerEncoderLayer" if r["k"] == 0 else f"SFT k = {r['k']}"
+            if r["k"] and r.get("gemm") == "plain":
+                label += " (oneDNN off: MKL GEMMs as the built-in layer)"
             if "error" in r:
                 lines.append(f"| {label} | failed | — |")
                 continue
@@ -374,9 +385,9 @@ def run(a: argparse.Namespace, peak: dict | None = None, log=None) -> dict:
                     a.budget if a.budget else math.inf)
     sft = []
     if not a.no_sft_protocol and "sft" in names and a.device == "cpu":
-        for k in (0, 32, 64, 128, 256, 512):
-            sft.append(run_isolated("pointformers.bench.mechanisms", ["sft-protocol", str(k), "10"], a.timeout,
-                                    {"k": k}))
+        for k, gemm in [(0, "auto")] + [(k, "auto") for k in (32, 64, 128, 256, 512)] + [(32, "plain")]:
+            sft.append(run_isolated("pointformers.bench.mechanisms", ["sft-protocol", str(k), "10", gemm], a.timeout,
+                                    {"k": k, "gemm": gemm}))
             log(json.dumps(sft[-1]))
     plot = None
     if a.plots:
@@ -392,7 +403,7 @@ def main(argv: list[str] | None = None) -> str:
     a = parser().parse_args(argv)
     if a.worker:
         if a.worker[0] == "sft-protocol":
-            print(json.dumps(sft_worker(int(a.worker[1]), int(a.worker[2]))))
+            print(json.dumps(sft_worker(int(a.worker[1]), int(a.worker[2]), *a.worker[3:4])))
         else:
             name, n, mode, rep, device = a.worker
             print(json.dumps(layer_worker(name, int(n), mode, int(rep), device)))

@@ -1,0 +1,145 @@
+"""Inference-time float32 linear layers on the CPU through oneDNN's prepacked kernels.
+
+PyTorch's dense ``addmm``/``F.linear`` on the CPU call MKL's sgemm. On some CPUs MKL does not pick
+its fastest code path (on the AMD EPYC of this project's benchmarks a single-thread float32 GEMM
+runs at ~95 GFLOP/s through MKL and ~225 GFLOP/s through oneDNN, same torch build). PyTorch ships
+oneDNN's linear with a prepacked weight as ``torch.ops.mkldnn._linear_pointwise`` (the kernel its
+own compiler, inductor, uses for frozen CPU models), with an optional fused activation.
+
+:func:`linear` uses it when it applies -- CPU, float32, autograd off, the op present in this torch
+build -- and falls back to :func:`torch.nn.functional.linear` otherwise, so callers need no
+branches. Packed weights are cached per module and re-packed when the weight changes (its storage
+or version counter). The results equal ``F.linear`` up to float32 summation order.
+
+Switch it off for a run with ``POINTFORMERS_ONEDNN=0`` or :func:`set_enabled(False) <set_enabled>`
+(benchmarks use this to separate what the GEMM library contributes from what an algorithm does).
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["available", "enabled", "set_enabled", "disabled", "linear", "matmul"]
+
+_ACTIVATIONS = ("none", "gelu")
+_enabled = os.environ.get("POINTFORMERS_ONEDNN", "1").strip().lower() not in ("0", "false", "no", "off")
+_available: bool | None = None
+_packs: "weakref.WeakKeyDictionary[nn.Linear, tuple[tuple, torch.Tensor]]" = weakref.WeakKeyDictionary()
+
+
+def available() -> bool:
+    """oneDNN's prepacked linear exists in this torch build and gives F.linear's result (checked once)."""
+    global _available
+    if _available is None:
+        try:
+            ops = torch.ops.mkldnn
+            ok = torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise")
+            if ok:
+                with torch.no_grad():
+                    g = torch.Generator().manual_seed(0)
+                    x, w, b = (torch.randn(s, generator=g) for s in ((5, 7), (3, 7), (3,)))
+                    y = ops._linear_pointwise(x, ops._reorder_linear_weight(w, 5), b, "none", [], "")
+                    ok = bool(torch.allclose(y, F.linear(x, w, b), rtol=1e-5, atol=1e-5))
+        except (AttributeError, RuntimeError):
+            ok = False
+        _available = ok
+        if ok:
+            _register_flop_formula()
+    return _available
+
+
+def _register_flop_formula() -> None:
+    """Let ``torch.utils.flop_counter.FlopCounterMode`` count the oneDNN linear (2·rows·in·out), so
+    FLOP counts do not depend on which path ran."""
+    try:
+        from torch.utils.flop_counter import register_flop_formula
+
+        @register_flop_formula(torch.ops.mkldnn._linear_pointwise)
+        def _flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+            rows = 1
+            for s in x_shape[:-1]:
+                rows *= s
+            return 2 * rows * x_shape[-1] * w_shape[0]
+    except (AttributeError, ImportError, RuntimeError, ValueError):
+        pass  # no flop counter or no such op in this torch build: nothing to register
+
+
+def enabled() -> bool:
+    """Whether :func:`linear` may use oneDNN (switched on, and available)."""
+    return _enabled and available()
+
+
+def set_enabled(flag: bool) -> None:
+    """Allow (True) or forbid (False) the oneDNN path for this process."""
+    global _enabled
+    _enabled = bool(flag)
+
+
+@contextmanager
+def disabled() -> Iterator[None]:
+    """Context manager: the plain ``F.linear`` path inside, the previous setting restored after."""
+    old = _enabled
+    set_enabled(False)
+    try:
+        yield
+    finally:
+        set_enabled(old)
+
+
+def _packed_weight(lin: nn.Linear) -> torch.Tensor:
+    w = lin.weight
+    key = (w.data_ptr(), w._version, tuple(w.shape))
+    hit = _packs.get(lin)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    packed = torch.ops.mkldnn._reorder_linear_weight(w.detach())
+    _packs[lin] = (key, packed)
+    return packed
+
+
+def _applies(x: torch.Tensor, w: torch.Tensor) -> bool:
+    return (x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and w.dtype == torch.float32
+            and w.device.type == "cpu" and not torch.is_grad_enabled() and enabled())
+
+
+def _run(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {_ACTIVATIONS}, got {activation!r}")
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, activation, [],
+                                              "none" if activation == "gelu" else "")
+
+
+def _fallback(x, w, bias, activation):
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {_ACTIVATIONS}, got {activation!r}")
+    y = F.linear(x, w, bias)
+    return F.gelu(y) if activation == "gelu" else y
+
+
+def linear(lin: nn.Linear, x: torch.Tensor, activation: str = "none", use_bias: bool = True) -> torch.Tensor:
+    """``act(lin(x))`` for x (rows, in_features) -> (rows, out_features); act is ``"none"`` or exact ``"gelu"``.
+
+    oneDNN's prepacked kernel (activation fused, packed weight cached per module) when
+    :func:`enabled`, x is a float32 CPU matrix and autograd is off; otherwise ``F.linear`` (+
+    ``F.gelu``). ``use_bias=False`` leaves the module's bias out. Always returns a new tensor.
+    """
+    bias = lin.bias if use_bias else None
+    if _applies(x, lin.weight):
+        return _run(x, _packed_weight(lin), bias, activation)
+    return _fallback(x, lin.weight, bias, activation)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for matrices a (m, k), b (k, n) -> (m, n) contiguous, through oneDNN when :func:`linear` would be.
+
+    For a right factor that changes every call (it is packed each time: worth it when m ≫ k, n).
+    """
+    if _applies(a, b):
+        return _run(a, torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), a.shape[0]), None, "none")
+    return torch.mm(a, b)
