@@ -52,6 +52,7 @@ def _one_line(capsys, argv) -> str:
      "unknown config key 'model.options.width' (valid: dropout, hidden)"),
     (["model.options.num_region=4"], "unknown config key 'model.options.num_region'"),
     (["data.cache_dir=5"], "data.cache_dir: expected a string or null, got 5"),
+    (["data.n_events=0"], "data.n_events: must be >= 1 (or null for the preset's), got 0"),
     (["model=hept"], "model: expected a section (mapping), got 'hept'"),
     (["train.epochs.x=1"], "unknown config key 'train.epochs.x'"),
     (["=3"], "--set '=3': expected a dotted key"),
@@ -117,3 +118,19 @@ def test_model_option_names_follow_the_constructor() -> None:
     names = model_option_names("hept-tracking")  # **options factory -> PointTransformerJK.__init__
     assert names is not None and {"num_regions", "block_size", "n_layers", "dropout"} <= names
     assert "attention" in model_option_names("tracking-encoder")
+
+
+def test_tracking_n_events_shrinks_the_preset_only(tmp_path: Path) -> None:
+    """data.n_events keeps the preset's generator parameters and changes only the event count
+    (tiny: 2 sectors per event; 80/10/10 split of the clouds)."""
+    from pointformers.data.tracking import resolve_params
+    from pointformers.tasks.registry import get_task
+    from pointformers.tasks.tracking_spec import data_params
+
+    cfg = load_config(None, [f"data.cache_dir={tmp_path}", "data.preset=tiny", "data.n_events=5"])
+    params = data_params(cfg["data"])
+    assert params.n_events == 5 and params.replace(n_events=10) == resolve_params("tiny")
+    samples = get_task("tracking").load(cfg, ("train", "test"), False)
+    assert len(samples["train"]) == 8 and len(samples["test"]) == 1
+    full = load_config(None, [f"data.cache_dir={tmp_path}", "data.preset=tiny"])
+    assert data_params(full["data"]) == "tiny"

@@ -2,13 +2,16 @@
 
 Config sections (defaults: the HEPT authors' tracking settings, spec ``hept.md`` §3.3-§4.4)::
 
-    data: {preset: small, seed: 0, cache_dir: null}     # data/tracking.py presets, generated and cached
+    data: {preset: small, seed: 0, cache_dir: null,    # data/tracking.py presets, generated and cached
+           n_events: null}                           # optional: the preset with this many events
     task: {name: tracking, similarity: l2_rbf, tau: 0.05, sigma: 0.75, random_pairs: 0.2,
            pt_min: 0.9, radius: 1.0, max_num_neighbors: 256}
 
 ``similarity``/``tau``/``sigma`` are the InfoNCE options, ``random_pairs`` the fraction of
 random pairs added each step, ``pt_min`` the AP@k filter (GeV), ``radius`` and
-``max_num_neighbors`` the (eta, phi) radius graph that labels the training pairs. The
+``max_num_neighbors`` the (eta, phi) radius graph that labels the training pairs. ``n_events``
+(null = the preset's) keeps every other parameter of the preset and changes only the number of
+generated events, e.g. a shorter ``tracking-6k`` run on fewer 6k-hit clouds. The
 validation metric is ``ap@k`` (maximised). Everything here is glue around
 :mod:`.tracking_training`, :mod:`.tracking` and :mod:`.tracking_display`.
 """
@@ -22,12 +25,21 @@ from .registry import TaskSpec, register_task
 
 __all__ = ["TRACKING_SPEC", "tracking_cache_files"]
 
-_DATA_SCHEMA = {"preset": (str,), "seed": (int,), "cache_dir": (str, None)}
-_DATA_DEFAULTS = {"preset": "small", "seed": 0, "cache_dir": None}
+_DATA_SCHEMA = {"preset": (str,), "seed": (int,), "cache_dir": (str, None), "n_events": (int, None)}
+_DATA_DEFAULTS = {"preset": "small", "seed": 0, "cache_dir": None, "n_events": None}
 _TASK_SCHEMA = {"similarity": (str,), "tau": (float,), "sigma": (float,), "random_pairs": (float,),
                 "pt_min": (float,), "radius": (float,), "max_num_neighbors": (int,)}
 _TASK_DEFAULTS = {"similarity": "l2_rbf", "tau": 0.05, "sigma": 0.75, "random_pairs": 0.2, "pt_min": 0.9,
                   "radius": 1.0, "max_num_neighbors": 256}
+
+
+def data_params(d: Mapping[str, Any]):
+    """What the generator gets for a data section: the preset name, or its parameters with ``n_events`` replaced."""
+    if d.get("n_events") is None:
+        return d["preset"]
+    from ..data.tracking import resolve_params
+
+    return resolve_params(d["preset"]).replace(n_events=d["n_events"])
 
 
 def _build(cfg: Mapping[str, Any]):
@@ -45,6 +57,8 @@ def _validate(cfg: Mapping[str, Any]) -> None:
         raise ValueError(f"data.preset: unknown preset {d['preset']!r} (valid: {', '.join(sorted(PRESETS))})")
     if d["seed"] < 0:
         raise ValueError(f"data.seed: must be >= 0, got {d['seed']}")
+    if d.get("n_events") is not None and d["n_events"] < 1:
+        raise ValueError(f"data.n_events: must be >= 1 (or null for the preset's), got {d['n_events']}")
     try:
         _build(cfg)
     except ValueError as exc:
@@ -60,7 +74,7 @@ def _load(cfg: Mapping[str, Any], splits: Sequence[str], progress: bool = False)
     from .tracking_training import load_tracking_splits, prepare_tracking_clouds
 
     d, t = cfg["data"], cfg["task"]
-    events = load_tracking_splits(d["preset"], splits, cache_dir=d["cache_dir"], seed=d["seed"])
+    events = load_tracking_splits(data_params(d), splits, cache_dir=d["cache_dir"], seed=d["seed"])
     return {s: prepare_tracking_clouds(events[s], with_pairs=s == "train", radius=t["radius"],
                                        max_num_neighbors=t["max_num_neighbors"], pt_min=t["pt_min"],
                                        progress=progress and s == "train", desc=f"{s} pairs")
@@ -78,13 +92,14 @@ def tracking_cache_files(cfg: Mapping[str, Any], splits: Sequence[str]) -> list[
 
     d = cfg["data"]
     root = Path(d["cache_dir"]) if d["cache_dir"] is not None else default_cache_dir()
-    params = resolve_params(d["preset"])
+    params = resolve_params(data_params(d))
+    name = d["preset"] if d.get("n_events") is None else "custom"
     out = []
     for split in splits:
-        load_tracking_dataset(d["preset"], split, cache_dir=d["cache_dir"], seed=d["seed"])
+        load_tracking_dataset(data_params(d), split, cache_dir=d["cache_dir"], seed=d["seed"])
         key = {"generator": "pointformers.tracking", "version": GENERATOR_VERSION, "params": params.to_dict(),
                "seed": int(d["seed"]), "split": split}
-        path = cache_path(root / "tracking", f"{d['preset']}-{split}", key)
+        path = cache_path(root / "tracking", f"{name}-{split}", key)
         out.append(str(path) if load_arrays(path, key) is not None else str(root / "tracking"))
     return out
 
@@ -112,7 +127,7 @@ def _plot(cfg: Mapping[str, Any], model: Any, samples: Sequence[Any], out_dir: s
     event = cloud.event
     if event is None:  # the hits' positions live in the cached events, in the same order
         d = cfg["data"]
-        event = load_tracking_splits(d["preset"], ("val",), cache_dir=d["cache_dir"], seed=d["seed"])["val"][0]
+        event = load_tracking_splits(data_params(d), ("val",), cache_dir=d["cache_dir"], seed=d["seed"])["val"][0]
     labels = cluster_tracks(emb[0], eps)
     ap = ap_at_k(emb[0], cloud.inputs.particle_id, cloud.inputs.pt, cloud.inputs.reconstructable,
                  cfg["task"]["pt_min"])

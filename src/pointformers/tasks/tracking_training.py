@@ -275,7 +275,7 @@ class TrackingTask:
         return out
 
 
-def load_tracking_splits(preset: str, splits: Sequence[str] = ("train", "val", "test"), cache_dir=None,
+def load_tracking_splits(preset, splits: Sequence[str] = ("train", "val", "test"), cache_dir=None,
                          seed: int = 0) -> dict[str, list[TrackingEvent]]:
     """The requested splits of a tracking data set (generated once, cached on disk)."""
     from ..data.tracking import load_tracking_dataset
