@@ -315,3 +315,22 @@ def test_bad_inputs():
                     dict(eval_cycle="none"), dict(heads=0)):
         with pytest.raises(ValueError, match=next(iter(bad_opt))):
             SampledAttention(16, **{"heads": 4, **bad_opt})
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 5, 2048])
+def test_chunked_cycle_walk_equals_batched_roll(chunk):
+    """Without autograd the kernel walks each cycle in chunks (successor = next row, wrapping to the
+    cycle's first point); it equals the batched roll kernel for chunks that do and do not divide n,
+    with padding, a one-point cloud and an empty padded row count."""
+    g = torch.Generator().manual_seed(11)
+    attn = make()
+    clouds = [torch.randn(n, 16, generator=g, dtype=torch.float64) for n in (12, 6, 1)]
+    x, mask, _ = scattered_batch(clouds, g)
+    order = random_order(mask, g)
+    ref = attn(x, None, mask, order=order)                 # autograd on: batched path
+    with torch.no_grad():
+        got = attn.zero_padding(attn._roll_along_cycle(x.masked_fill(~mask[..., None], 0.0), mask, order, chunk),
+                                mask)
+        assert torch.equal(attn(x, None, mask, order=order), attn._roll_along_cycle(
+            x.masked_fill(~mask[..., None], 0.0), mask, order))  # forward without grad takes this path
+    torch.testing.assert_close(got, ref.detach(), atol=1e-12, rtol=0)

@@ -13,7 +13,8 @@ Kernels (``kernel=``):
 * ``"roll"`` (default, O(n)): every point attends to itself and to its successor on the cycle
   (π rolled by one within each cloud), softmax over the two scores. This equals the literal
   subsets evaluated in parallel with each duplicated boundary element's self-only output
-  dropped, and so does not depend on n_s.
+  dropped, and so does not depend on n_s. Without autograd it walks each cycle in cache-sized
+  chunks (``_roll_along_cycle``); with autograd it runs batched over all points.
 * ``"subsets"`` (reference, slow): the literal construction of Eqs. 3–4 — :func:`literal_subsets`
   cuts π into R¹…R^l of n_s − 1 points (the last one shorter when (n_s − 1) ∤ n), forms
   X^i = R^i ∪ {first point of R^{i+1}}, runs the shared projections and a dense softmax under the
@@ -183,6 +184,8 @@ class SampledAttention(TokenMixer):
         x = x.masked_fill(~mask[..., None], 0.0)  # padding may hold anything; keep it out of gradients
         if self.kernel == "subsets":
             return self.zero_padding(self._subsets(x, mask, order), mask)
+        if not torch.is_grad_enabled():
+            return self._roll_along_cycle(x, mask, order)
         B, N, _ = x.shape
         H, d = self.heads, self.head_dim
         q = self.w_q(x).view(B, N, H, d)
@@ -198,6 +201,41 @@ class SampledAttention(TokenMixer):
         a = torch.softmax(s, dim=-1).to(x.dtype)
         o = a[..., :1] * v + a[..., 1:] * v_next  # A_k = {k, k+1}
         return self.zero_padding(self.out_linear(o.reshape(B, N, H * d)), mask)
+
+    def _roll_along_cycle(self, x: torch.Tensor, mask: torch.Tensor, order: torch.Tensor,
+                          chunk: int = 2048) -> torch.Tensor:
+        """The roll kernel without autograd, walking each cycle in chunks of ``chunk`` points.
+
+        In cycle order a point's successor is simply the next row, so a chunk needs its own points
+        plus one (the next chunk's first point; the cycle's first point after its last): gather
+        those rows of x once, project them, attend, project out and write the chunk's rows of the
+        output. Every intermediate is chunk-sized and stays in cache, which keeps the time per
+        point flat as N grows; the batched path (used with autograd) instead makes ~10 passes
+        over (N, h, d) tensors that leave the cache once N is in the tens of thousands. Same
+        arithmetic per point as the batched path.
+        """
+        B, N, D = x.shape
+        H, d = self.heads, self.head_dim
+        wd = work_dtype(x.dtype)
+        out = x.new_zeros(B, N, D)                                                     # padded rows stay 0
+        n_real = mask.sum(1).tolist()
+        for b in range(B):
+            n = n_real[b]
+            cyc = order[b, :n]
+            for s in range(0, n, chunk):
+                e = min(n, s + chunk)
+                nxt = cyc[e:e + 1] if e < n else cyc[:1]
+                idx = torch.cat([cyc[s:e], nxt])
+                xc = x[b].index_select(0, idx)                                         # (m + 1, D)
+                m = e - s
+                q = self.w_q(xc[:m]).view(m, H, d).to(wd)
+                k = self.w_k(xc).view(m + 1, H, d).to(wd)
+                v = self.w_v(xc).view(m + 1, H, d)
+                sc = torch.stack([(q * k[:m]).sum(-1), (q * k[1:]).sum(-1)], -1) * self.scale  # (m, H, 2)
+                a = torch.softmax(sc, dim=-1).to(x.dtype)
+                o = a[..., :1] * v[:m] + a[..., 1:] * v[1:]                            # A_k = {k, k+1}
+                out[b].index_copy_(0, cyc[s:e], self.out_linear(o.reshape(m, H * d)))
+        return out
 
     def _subsets(self, x: torch.Tensor, mask: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
         """The literal Eq. 3–5a construction, parallel form, one cloud and one subset at a time."""

@@ -105,6 +105,48 @@ def measure(step: Callable[[], None], repeats: int) -> dict:
     return {"seconds": statistics.median(times), "runs": len(times), "peak_mb": peak / 2**20}
 
 
+def tensor_peak_bytes(step: Callable[[], None]) -> int:
+    """Run ``step`` once under the torch profiler and return the peak of the bytes that torch's CPU
+    allocator had handed out during it, above what was allocated before it.
+
+    Unlike the resident-size peak this does not depend on the C allocator (glibc reuses freed
+    heap memory on a second call, so a warm call's RSS growth can read near zero, while large
+    blocks are always fresh mappings); it counts tensor memory only (not numpy scratch arrays
+    or a kernel library's private buffers). It is the CPU analogue of
+    ``torch.cuda.max_memory_allocated``.
+    """
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.remove(path)
+    totals = [e["args"]["Total Allocated"] for e in events
+              if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0
+              and "Total Allocated" in e.get("args", {})]
+    return max([0, *totals])
+
+
+def measure_warm(step: Callable[[], None], repeats: int) -> dict:
+    """A first call that warms up (lazy initialisation, allocator, kernel selection) and gives the
+    peak tensor memory (:func:`tensor_peak_bytes`), then the median seconds of ``repeats`` calls."""
+    peak = tensor_peak_bytes(step)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {"seconds": statistics.median(times), "runs": len(times), "peak_mb": peak / 2**20}
+
+
 def run_isolated(module: str, args: list[str], timeout: float, tag: dict) -> dict:
     """Run ``python -m module --worker args…`` and parse the JSON on its last stdout line."""
     cmd = [sys.executable, "-m", module, "--worker", *args]

@@ -8,9 +8,13 @@ points in the unit cube (``pos`` = xyz), N from 1k to 256k, in two modes:
   (the layer's share of a training step).
 
 Each measurement runs in a fresh subprocess (:mod:`.harness`), with its own time limit
-(``--timeout``). On the CPU the peak is the resident-memory growth during the measured call
-(:func:`.harness.measure`: earlier peaks — imports, inputs — and refaulted library pages do not count);
-on CUDA it is ``torch.cuda.max_memory_allocated`` above the memory held before the call.
+(``--timeout``). Every measurement makes one warm-up call first, then times ``--repeats`` calls
+(one above 16k points) and reports the median. Peak memory is tensor memory: on the CPU the
+peak of the bytes torch's allocator handed out during the warm-up call, above what was allocated
+before it (:func:`.harness.tensor_peak_bytes`, from the profiler's memory events; the process's
+resident size is not used because the C allocator's reuse of freed memory makes it read near
+zero on a warm call at small N and not at large N); on CUDA ``torch.cuda.max_memory_allocated``
+above the memory held before the first timed call.
 A size is skipped, with the reason stated in the table, when the previous size of the same
 mechanism and mode failed or timed out, or when its time predicted from that previous size
 (scaled by the analytic FLOP ratio, :mod:`.flops`) exceeds the limit, or its predicted memory
@@ -39,7 +43,7 @@ import time
 import torch
 
 from .flops import attention_flops, gflops
-from .harness import machine, measure, run_isolated, write_section
+from .harness import machine, measure, measure_warm, run_isolated, write_section
 
 DIM, HEADS = 64, 4
 #: Realistic options per mechanism (papers' defaults where they exist).
@@ -60,9 +64,9 @@ DEFAULT_SIZES = [1024, 4096, 8192, 16384, 65536, 262144]
 #: The near-linearity check of the mechanisms issue: time(64k) / time(8k) ≤ 10 (N grows 8×).
 RATIO_SIZES, RATIO_LIMIT = (8192, 65536), 10.0
 MODES = ("forward", "train")
-#: Sizes up to this many points get a warm-up call and ``--repeats`` timed calls; larger ones are
-#: measured cold, once (their time dwarfs first-call effects).
-WARM_MAX_N = 16384
+#: Sizes up to this many points get ``--repeats`` timed calls, larger ones one (every size gets a
+#: warm-up call first, so the 8k and 64k times of the near-linearity check are both warm).
+REPEAT_MAX_N = 16384
 
 
 def measure_cuda(step, repeats: int, device: torch.device) -> dict:
@@ -109,11 +113,10 @@ def layer_worker(name: str, n: int, mode: str, repeats: int, device: str = "cpu"
     else:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
-    if n <= WARM_MAX_N:
-        step()  # warm-up (lazy initialisation, allocator, kernel selection)
     if dev.type == "cuda":
+        step()  # warm-up (lazy initialisation, allocator, kernel selection)
         return measure_cuda(step, repeats, dev)
-    return measure(step, repeats)
+    return measure_warm(step, repeats)  # warm-up call (tensor peak measured on it), then timed calls
 
 
 def sft_worker(k: int, repeats: int, gemm: str = "auto") -> dict:
@@ -168,7 +171,7 @@ def predicted_seconds(prev: dict, name: str, n: int, mode: str, repeats: int) ->
     """Wall time of (name, n, mode) predicted from the measured previous size: its time per call
     scaled by the analytic FLOP ratio, × the calls (timed ``repeats`` + a warm-up for small N)."""
     ratio = layer_flops(name, n, mode) / max(1, layer_flops(name, prev["n"], mode))
-    return prev["seconds"] * ratio * (repeats + (1 if n <= WARM_MAX_N else 0))
+    return prev["seconds"] * ratio * (repeats + 1)
 
 
 def plan(prev: dict | None, name: str, n: int, mode: str, repeats: int, timeout: float, mem_limit: float) -> str | None:
@@ -201,7 +204,7 @@ def run_all(names: list[str], sizes: list[int], modes: list[str], repeats: int, 
     for n in sorted(sizes):
         for name in names:
             for mode in modes:
-                rep = repeats if n <= WARM_MAX_N else 1
+                rep = repeats if n <= REPEAT_MAX_N else 1
                 tag = {"mechanism": name, "n": n, "mode": mode, "device": device,
                        "flops": layer_flops(name, n, mode)}
                 left = budget - (time.perf_counter() - t_start)
@@ -344,7 +347,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--mechanisms", nargs="+", default=None, help="registry keys (default: all)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--repeats", type=int, default=3, help=f"timed calls for N ≤ {WARM_MAX_N} (larger: 1)")
+    p.add_argument("--repeats", type=int, default=3, help=f"timed calls for N ≤ {REPEAT_MAX_N} (larger: 1)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per measurement")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds for all layer measurements together (default: unlimited); once short, "
