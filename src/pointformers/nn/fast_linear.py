@@ -49,8 +49,6 @@ def available() -> bool:
         except (AttributeError, RuntimeError):
             ok = False
         _available = ok
-        if ok:
-            _register_flop_formula()
     return _available
 
 
@@ -68,6 +66,9 @@ def _register_flop_formula() -> None:
             return 2 * rows * x_shape[-1] * w_shape[0]
     except (AttributeError, ImportError, RuntimeError, ValueError):
         pass  # no flop counter or no such op in this torch build: nothing to register
+
+
+_register_flop_formula()  # at import: a FlopCounterMode copies the formulas when it is created
 
 
 def enabled() -> bool:
