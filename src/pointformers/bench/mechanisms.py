@@ -44,6 +44,7 @@ import torch
 
 from .flops import attention_flops, gflops
 from .harness import machine, measure, measure_warm, run_isolated, write_section
+from .peak import peak_sentence
 
 DIM, HEADS = 64, 4
 #: Realistic options per mechanism (papers' defaults where they exist).
@@ -271,9 +272,7 @@ def report(layer: list[dict], sizes: list[int], modes: list[str], sft: list[dict
                 + f". Machine: {machine()}.")
     lines = [dev_line, ""]
     if peak:
-        lines += [f"Measured float32 matmul peak on this device: **{peak['matmul']['gflops']:.0f} GFLOP/s** "
-                  f"({peak['matmul']['size']}² GEMM); HEPT-shaped batched block GEMM "
-                  f"{tuple(peak['block_gemm']['shape'])}: {peak['block_gemm']['gflops']:.0f} GFLOP/s.", ""]
+        lines += [peak_sentence(peak), ""]
     lines += [f"One attention layer, width {DIM}, {HEADS} heads, batch 1, float32, uniform points in the unit cube. "
               "Options: " + "; ".join(f"`{m}` {OPTIONS[m] or 'defaults'}" for m in names) + ". "
               "`kernel`, `hept` and `lsh_or` use head width = model width (64, as HEPT's code); the others 64/4 = 16: "

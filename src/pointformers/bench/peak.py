@@ -52,7 +52,26 @@ def matmul_peak(device: str | torch.device = "cpu", size: int | None = None, rep
     b = torch.randn(size, size, generator=g).to(device)
     out = torch.empty(size, size, device=device)
     s = _best_seconds(lambda: torch.mm(a, b, out=out), device, repeats)
-    return {"device": str(device), "size": size, "seconds": s, "gflops": 2 * size ** 3 / s / 1e9}
+    res = {"device": str(device), "size": size, "seconds": s, "gflops": 2 * size ** 3 / s / 1e9, "onednn_gflops": None}
+    from ..nn import fast_linear
+
+    if device.type == "cpu" and fast_linear.enabled():
+        lin = torch.nn.Linear(size, size, bias=False)
+        with torch.no_grad():
+            lin.weight.copy_(b.t())
+            s1 = _best_seconds(lambda: fast_linear.linear(lin, a), device, repeats)
+        res["onednn_gflops"] = 2 * size ** 3 / s1 / 1e9
+    return res
+
+
+def peak_sentence(peak: dict) -> str:
+    """One markdown sentence stating the measured peaks of a {"matmul", "block_gemm"} result."""
+    mm, bg = peak["matmul"], peak["block_gemm"]
+    onednn = (f"; the same GEMM through oneDNN's prepacked linear (`pointformers.nn.fast_linear`, used by "
+              f"SFT's and the MLPs' CPU inference): {mm['onednn_gflops']:.0f} GFLOP/s"
+              if mm.get("onednn_gflops") else "")
+    return (f"Measured float32 matmul peak: **{mm['gflops']:.0f} GFLOP/s** (`torch.mm`, {mm['size']}² GEMM, best of 5"
+            f"{onednn}); HEPT-shaped batched block GEMM {tuple(bg['shape'])}: {bg['gflops']:.0f} GFLOP/s.")
 
 
 def block_gemm_rate(device: str | torch.device = "cpu", block: int = 100, width: int = 32, blocks: int = 2048,

@@ -46,6 +46,7 @@ import torch
 
 from .flops import gflops, hept_model_flops
 from .harness import machine, measure, run_isolated, write_section
+from .peak import peak_sentence
 
 PARTS = ("speed", "roofline", "mechanisms", "approximation")
 #: The N at which the acceptance check compares HEPT's forward time with its FLOPs at peak.
@@ -129,9 +130,7 @@ def roofline(speed_results: list[dict], device: str, peak: dict, repeats: int, t
     pk = peak["matmul"]["gflops"]
     lines = [f"Device: **{device}**" + (f" ({torch.cuda.get_device_name()})" if device == "cuda" else "")
              + f". Machine: {machine()}.", "",
-             f"Measured float32 matmul peak: **{pk:.0f} GFLOP/s** ({peak['matmul']['size']}² GEMM, best of 5); "
-             f"HEPT-shaped batched block GEMM {tuple(peak['block_gemm']['shape'])}: "
-             f"{peak['block_gemm']['gflops']:.0f} GFLOP/s.", "",
+             peak_sentence(peak), "",
              "HEPT tracking model (4 layers, 8 heads × 24, 6 kernel coordinates, b = 100, m₁ = 3, 5-layer 256-wide "
              "output MLP), batch 1, float32. FLOPs are analytic (`pointformers.bench.flops.hept_model_flops`; "
              "train = 3 × the differentiable parts, model FLOPs without HEPT's backward recomputation).", "",

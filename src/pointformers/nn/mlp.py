@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import fast_linear
+
 
 class MLP(nn.Module):
     """Linear → LayerNorm → act for each hidden layer, plain Linear last.
@@ -31,16 +33,19 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing():
             return self._rows(x)  # (export and compile see one static graph, no size branch)
+        # inference: 2-D rows through fast_linear (oneDNN on the CPU where available), in chunks
         rows = x.numel() // max(x.shape[-1], 1)
-        if rows <= 2 * self.INFERENCE_CHUNK_ROWS:
-            return self._rows(x)
         flat = x.reshape(rows, x.shape[-1])
+        if rows <= 2 * self.INFERENCE_CHUNK_ROWS:
+            return self._rows(flat, fast=True).view(*x.shape[:-1], -1)
         out = flat.new_empty(rows, self.lins[-1].out_features)
         for s in range(0, rows, self.INFERENCE_CHUNK_ROWS):  # rows are independent: same result
-            out[s:s + self.INFERENCE_CHUNK_ROWS] = self._rows(flat[s:s + self.INFERENCE_CHUNK_ROWS])
+            out[s:s + self.INFERENCE_CHUNK_ROWS] = self._rows(flat[s:s + self.INFERENCE_CHUNK_ROWS], fast=True)
         return out.view(*x.shape[:-1], -1)
 
-    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+    def _rows(self, x: torch.Tensor, fast: bool = False) -> torch.Tensor:
+        """The layers on x (..., C); ``fast``: x is 2-D and autograd is off (:func:`fast_linear.linear`)."""
+        linear = fast_linear.linear if fast else (lambda lin, h: lin(h))
         for lin, norm in zip(self.lins[:-1], self.norms):
-            x = self.act(norm(lin(x)))
-        return self.lins[-1](x)
+            x = self.act(norm(linear(lin, x)))
+        return linear(self.lins[-1], x)
