@@ -80,36 +80,6 @@ class HEPTAttention(KernelAttention):
             mask = torch.ones(pos.shape[:2], dtype=torch.bool, device=pos.device)
         return self.region_hash(pos, mask)
 
-    def projection_inputs(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor):
-        """Narrow input xp = [x ‖ ρ ‖ 1 ‖ 0…] (B·Np, D + c + 1 rounded up to a multiple of 8), zero at
-        padded points, and the block
-        weights wq, wk (H·(d+c+2), ·), wv (H·(d+1), ·) whose products are, per point and head,
-        q' = [q̂, ·, 1], k' = [k̂, 1, ·] with q̂ = [q̃ ‖ √(2ω)ρ], and v' = [v, 1]
-        (see :func:`projected_sorted_block_attention`): the wide rows are never kept for the
-        backward pass, only xp and the small weights.
-        """
-        B, Np, _ = x.shape
-        H, d, c = self.heads, self.head_dim, self.coord_dim
-        keep = mask[..., None].to(x.dtype)
-        # zero columns pad the width to a multiple of 8: the per-head GEMMs xp @ wᵀ run twice as
-        # fast with K = 32 as with K = 31 (HEPT's D + c + 1 for D = 24, c = 6)
-        pad = -(self.dim + c + 1) % 8
-        xp = torch.cat([x * keep, pos.to(x.dtype) * keep, keep, x.new_zeros(B, Np, pad)], -1)  # (B, Np, Din)
-        Din = xp.shape[-1]
-        scale = torch.diag_embed((2.0 * self.omega()).sqrt().to(x.dtype))  # (H, c, c)
-        one_row = x.new_zeros(H, 1, Din)
-        one_row[..., self.dim + c] = 1.0  # picks the `keep` column
-        zero_row = x.new_zeros(H, 1, Din)
-
-        def projection(w: torch.Tensor) -> torch.Tensor:  # (H·d, D) -> (H, d, Din)
-            return torch.cat([w.to(x.dtype).view(H, d, -1), x.new_zeros(H, d, c + 1 + pad)], -1)
-
-        coords = torch.cat([x.new_zeros(H, c, self.dim), scale, x.new_zeros(H, c, 1 + pad)], -1)  # (H, c, Din)
-        wq = torch.cat([projection(self.w_q.weight), coords, zero_row, one_row], 1).reshape(-1, Din)
-        wk = torch.cat([projection(self.w_k.weight), coords, one_row, zero_row], 1).reshape(-1, Din)
-        wv = torch.cat([projection(self.w_v.weight), one_row], 1).reshape(-1, Din)
-        return xp.reshape(B * Np, Din), wq, wk, wv
-
     def head_sort_orders(self, qa: torch.Tensor, ka: torch.Tensor, ctx: HEPTContext, h: int):
         """Head ``h``'s per-table sort orders. q', k' rows (B·Np, d+c+2) -> iq, ik (B, T, Np) row numbers b·Np + i."""
         with torch.no_grad():

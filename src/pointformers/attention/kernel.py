@@ -79,6 +79,40 @@ class KernelAttention(TokenMixer):
         v = v.masked_fill(~keep, 0.0).transpose(1, 2)
         return q, k, v
 
+    def key_projection(self) -> nn.Linear:
+        """The key projection (``lsh_or`` with ``tied=True`` returns the query projection)."""
+        return self.w_k
+
+    def projection_inputs(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor):
+        """Narrow input xp = [x ‖ ρ ‖ 1 ‖ 0…] (B·Np, D + c + 1 rounded up to a multiple of 8), zero at
+        padded points, and the block
+        weights wq, wk (H·(d+c+2), ·), wv (H·(d+1), ·) whose products are, per point and head,
+        q' = [q̂, ·, 1], k' = [k̂, 1, ·] with q̂ = [q̃ ‖ √(2ω)ρ], and v' = [v, 1]
+        (see :func:`.block_attention.projected_sorted_block_attention`): the wide rows are never
+        kept for the backward pass, only xp and the small weights. Shared by HEPT and ``lsh_or``.
+        """
+        B, Np, _ = x.shape
+        H, d, c = self.heads, self.head_dim, self.coord_dim
+        keep = mask[..., None].to(x.dtype)
+        # zero columns pad the width to a multiple of 8: the per-head GEMMs xp @ wᵀ run twice as
+        # fast with K = 32 as with K = 31 (HEPT's D + c + 1 for D = 24, c = 6)
+        pad = -(self.dim + c + 1) % 8
+        xp = torch.cat([x * keep, pos.to(x.dtype) * keep, keep, x.new_zeros(B, Np, pad)], -1)  # (B, Np, Din)
+        Din = xp.shape[-1]
+        scale = torch.diag_embed((2.0 * self.omega()).sqrt().to(x.dtype))  # (H, c, c)
+        one_row = x.new_zeros(H, 1, Din)
+        one_row[..., self.dim + c] = 1.0  # picks the `keep` column
+        zero_row = x.new_zeros(H, 1, Din)
+
+        def projection(w: torch.Tensor) -> torch.Tensor:  # (H·d, D) -> (H, d, Din)
+            return torch.cat([w.to(x.dtype).view(H, d, -1), x.new_zeros(H, d, c + 1 + pad)], -1)
+
+        coords = torch.cat([x.new_zeros(H, c, self.dim), scale, x.new_zeros(H, c, 1 + pad)], -1)  # (H, c, Din)
+        wq = torch.cat([projection(self.w_q.weight), coords, zero_row, one_row], 1).reshape(-1, Din)
+        wk = torch.cat([projection(self.key_projection().weight), coords, one_row, zero_row], 1).reshape(-1, Din)
+        wv = torch.cat([projection(self.w_v.weight), one_row], 1).reshape(-1, Din)
+        return xp.reshape(B * Np, Din), wq, wk, wv
+
     def merge_heads(self, o: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(B, H, N, d) -> out_linear of the h-major concatenation, (B, N, D), padded rows zero."""
         B, H, N, d = o.shape

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from .block_attention import DEFAULT_CHUNK_ELEMS, sorted_block_attention
+from .block_attention import DEFAULT_CHUNK_ELEMS, projected_sorted_block_attention
 from .hept import masked_range
 from .kernel import KernelAttention
 from .registry import register
@@ -93,28 +93,50 @@ class LSHAttention(KernelAttention):
         q = torch.cat([q, rho], -1).masked_fill(~keep, 0.0).transpose(1, 2)
         return q, q, v.masked_fill(~keep, 0.0).transpose(1, 2)
 
+    def key_projection(self) -> torch.nn.Linear:
+        return self.w_q if self.tied else self.w_k
+
     def sort_keys(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor):
         """Sort keys T (B, T, H, Np) for queries and keys. q, k (B, H, Np, D)."""
         with torch.no_grad():
             alpha = self.alpha.to(q.dtype)
             lq = torch.einsum("bhnd,hdtj->bthjn", q, alpha)  # (B, T, H, m2, Np)
             lk = torch.einsum("bhnd,hdtj->bthjn", k, alpha)
-            tq, tk = lq[..., 0, :], lk[..., 0, :]
-            if self.n_and > 1:
-                B, T, H, m2, Np = lq.shape
-                both = torch.cat([lq[..., 1:, :], lk[..., 1:, :]], -1)  # (B, T, H, m2−1, 2Np)
-                valid = torch.cat([mask, mask], -1)[:, None, None, None, :].expand_as(both)
-                counts = self.bucket_counts.to(both.dtype)[None, :, None, :].expand(B, T, H, m2 - 1)
-                r = _equal_count_buckets(both.reshape(-1, 2 * Np), valid.reshape(-1, 2 * Np),
-                                         counts.reshape(-1)).view(B, T, H, m2 - 1, 2 * Np)
-                radix = torch.cumprod(torch.cat([torch.ones_like(self.bucket_counts[:, :1]),
-                                                 torch.ceil(self.bucket_counts[:, :-1])], 1), 1)  # (T, m2−1)
-                code = ((r - 1).to(q.dtype) * radix.to(q.dtype)[None, :, None, :, None]).sum(3)  # (B, T, H, 2Np)
-                delta = masked_range(tq, tk, mask)
-                tq = tq + delta * code[..., :Np]
-                tk = tk + delta * code[..., Np:]
-            pad = ~mask[:, None, None, :]
-            return tq.masked_fill(pad, float("inf")), tk.masked_fill(pad, float("inf"))
+            return self._sort_keys_from_hashes(lq, lk, mask)
+
+    def head_sort_orders(self, qa: torch.Tensor, ka: torch.Tensor, mask: torch.Tensor, h: int):
+        """Head ``h``'s per-table sort orders. q', k' rows (B·Np, ≥ d+c) whose first d + c columns
+        are q̂, k̂ -> iq, ik (B, T, Np) row numbers b·Np + i (same keys as :meth:`sort_keys`)."""
+        with torch.no_grad():
+            B, Np = mask.shape
+            a = self.alpha[h].to(qa.dtype)  # (d + c, T, m2)
+            D, T, m2 = a.shape
+            # zero rows for the extra columns of q', k': the GEMM reads whole contiguous rows
+            a = torch.cat([a.reshape(D, T * m2), a.new_zeros(qa.shape[1] - D, T * m2)])
+            lq = (qa @ a).view(B, Np, T, 1, m2).permute(0, 2, 3, 4, 1)  # (B, T, 1, m2, Np)
+            lk = (ka @ a).view(B, Np, T, 1, m2).permute(0, 2, 3, 4, 1)
+            tq, tk = self._sort_keys_from_hashes(lq, lk, mask)
+            base = torch.arange(B, device=qa.device).view(B, 1, 1) * Np
+            return stable_argsort(tq[:, :, 0].contiguous()).add_(base), stable_argsort(tk[:, :, 0].contiguous()).add_(base)
+
+    def _sort_keys_from_hashes(self, lq: torch.Tensor, lk: torch.Tensor, mask: torch.Tensor):
+        """E2LSH projections (B, T, H, m2, Np) of queries and keys -> sort keys (B, T, H, Np)."""
+        tq, tk = lq[..., 0, :], lk[..., 0, :]
+        if self.n_and > 1:
+            B, T, H, m2, Np = lq.shape
+            both = torch.cat([lq[..., 1:, :], lk[..., 1:, :]], -1)  # (B, T, H, m2−1, 2Np)
+            valid = torch.cat([mask, mask], -1)[:, None, None, None, :].expand_as(both)
+            counts = self.bucket_counts.to(both.dtype)[None, :, None, :].expand(B, T, H, m2 - 1)
+            r = _equal_count_buckets(both.reshape(-1, 2 * Np), valid.reshape(-1, 2 * Np),
+                                     counts.reshape(-1)).view(B, T, H, m2 - 1, 2 * Np)
+            radix = torch.cumprod(torch.cat([torch.ones_like(self.bucket_counts[:, :1]),
+                                             torch.ceil(self.bucket_counts[:, :-1])], 1), 1)  # (T, m2−1)
+            code = ((r - 1).to(lq.dtype) * radix.to(lq.dtype)[None, :, None, :, None]).sum(3)  # (B, T, H, 2Np)
+            delta = masked_range(tq, tk, mask)
+            tq = tq + delta * code[..., :Np]
+            tk = tk + delta * code[..., Np:]
+        pad = ~mask[:, None, None, :]
+        return tq.masked_fill(pad, float("inf")), tk.masked_fill(pad, float("inf"))
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 **unused) -> torch.Tensor:
@@ -126,14 +148,10 @@ class LSHAttention(KernelAttention):
             x = torch.cat([x, x.new_zeros(B, Np - N, x.shape[-1])], 1)
             pos = torch.cat([pos, pos.new_zeros(B, Np - N, pos.shape[-1])], 1)
             mask = torch.cat([mask, mask.new_zeros(B, Np - N)], 1)
-        q, k, v = self.augmented_qkv(x, pos, mask)  # (B, H, Np, ·)
-        tq, tk = self.sort_keys(q, k, mask)
-        H = self.heads
-        base = (torch.arange(B, device=x.device).view(B, 1, 1, 1) * H + torch.arange(H, device=x.device).view(1, 1, H, 1)) * Np
-        iq = (stable_argsort(tq) + base).transpose(1, 2).reshape(B * H, self.n_hashes, Np)
-        ik = (stable_argsort(tk) + base).transpose(1, 2).reshape(B * H, self.n_hashes, Np)
-        D = q.shape[-1]
-        valid = mask[:, None, :].expand(B, H, Np).reshape(-1)
-        o = sorted_block_attention(q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, self.head_dim), valid,
-                                   iq, ik, b, self.chunk_elems)
-        return self.merge_heads(o.view(B, H, Np, self.head_dim), mask)[:, :N]
+        # one head at a time from the narrow input, as HEPT (see KernelAttention.projection_inputs)
+        xp, wq, wk, wv = self.projection_inputs(x, pos, mask)
+        H, d = self.heads, self.head_dim
+        o = projected_sorted_block_attention(xp, wq, wk, wv, H, lambda qa, ka, h: self.head_sort_orders(qa, ka, mask, h),
+                                             b, self.chunk_elems)
+        y = self.out_linear(o.view(B, Np, H * d))  # rows are (b, i, h): heads concatenated h-major
+        return self.zero_padding(y, mask)[:, :N]
