@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from ..nn import fast_linear
 from .kernel import DENOM_EPS
 
 #: Lower clamp of the logits. CPU exp takes a slow path below about −88 (5–10× slower), so
@@ -138,9 +139,10 @@ def head_rows(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Te
     xp: (P, Din); wq, wk: (H·(D+2), Din); wv: (H·(dv+1), Din), heads stacked h-major.
     """
     Din = xp.shape[1]
-    qa = xp @ wq.view(heads, -1, Din)[h].T
-    ka = xp @ wk.view(heads, -1, Din)[h].T
-    va = xp @ wv.view(heads, -1, Din)[h].T
+    # narrow GEMMs (K = Din ≈ 32): oneDNN runs them several times faster than MKL on the CPU
+    qa = fast_linear.matmul(xp, wq.view(heads, -1, Din)[h].T)
+    ka = fast_linear.matmul(xp, wk.view(heads, -1, Din)[h].T)
+    va = fast_linear.matmul(xp, wv.view(heads, -1, Din)[h].T)
     fill_norm_columns(qa, ka)
     return qa, ka, va
 
