@@ -80,3 +80,22 @@ def test_sft_float32_fast_path_equals_general_path(onednn, norm_position, k):
         blk.attn.fast_inference = False
         general = blk(x)
     torch.testing.assert_close(fast, general, rtol=1e-4, atol=1e-4)
+
+
+def test_traced_graphs_keep_portable_linear_ops():
+    """A jit trace taken without autograd must not record the private oneDNN op."""
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return fast_linear.linear(self.lin, x)
+
+    head = Head()
+    with torch.no_grad():
+        traced = torch.jit.trace(head, torch.randn(3, 8))
+    assert "mkldnn" not in str(traced.graph)
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(traced(x), F.linear(x, head.lin.weight, head.lin.bias))

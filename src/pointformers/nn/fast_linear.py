@@ -105,8 +105,10 @@ def _packed_weight(lin: nn.Linear) -> torch.Tensor:
 
 
 def _applies(x: torch.Tensor, w: torch.Tensor) -> bool:
+    # not while tracing or compiling: exported graphs (ONNX, torch.export) keep portable ops
     return (x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and w.dtype == torch.float32
-            and w.device.type == "cpu" and not torch.is_grad_enabled() and enabled())
+            and w.device.type == "cpu" and not torch.is_grad_enabled() and enabled()
+            and not torch.jit.is_tracing() and not torch.compiler.is_compiling())
 
 
 def _run(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
