@@ -195,3 +195,21 @@ def test_bad_input_errors(name):
 def test_hept_needs_eta_phi():
     with pytest.raises(ValueError, match="coord_dim must be >= 2"):
         build("hept", dim=8, heads=2, coord_dim=1)
+
+
+def test_finite_check_survives_overflowing_sums_and_nan_padding():
+    """The finiteness check first sums the tensor; a sum that overflows (finite values) or a NaN in
+    padding must fall back to the exact check at real points, not raise."""
+    from pointformers.attention.base import check_attention_inputs
+
+    x = torch.full((1, 4, 3), 3e38)                     # finite, but the float32 sum overflows
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    assert check_attention_inputs(x, None, mask, dim=3).all()
+    x2 = torch.randn(2, 5, 3)
+    x2[1, 4] = float("nan")                              # padding may hold anything
+    mask2 = torch.ones(2, 5, dtype=torch.bool)
+    mask2[1, 4] = False
+    check_attention_inputs(x2, x2.clone(), mask2, dim=3)
+    mask2[1, 4] = True
+    with pytest.raises(ValueError, match="x contains NaN or inf"):
+        check_attention_inputs(x2, None, mask2, dim=3)

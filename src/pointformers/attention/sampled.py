@@ -181,11 +181,11 @@ class SampledAttention(TokenMixer):
                 order: torch.Tensor | None = None, **unused) -> torch.Tensor:
         mask = check_attention_inputs(x, pos, mask, dim=self.dim, who="sampled")
         order = self.cycle_order(mask) if order is None else self._check_order(order, mask)
+        if self.kernel == "roll" and not torch.is_grad_enabled():
+            return self._roll_along_cycle(x, mask, order)  # reads real rows only: no masked copy of x
         x = x.masked_fill(~mask[..., None], 0.0)  # padding may hold anything; keep it out of gradients
         if self.kernel == "subsets":
             return self.zero_padding(self._subsets(x, mask, order), mask)
-        if not torch.is_grad_enabled():
-            return self._roll_along_cycle(x, mask, order)
         B, N, _ = x.shape
         H, d = self.heads, self.head_dim
         q = self.w_q(x).view(B, N, H, d)
