@@ -154,3 +154,16 @@ def test_cli_entry_point_declared() -> None:
     text = (REPO / "pyproject.toml").read_text()
     assert 'pointformers = "pointformers.cli:main"' in text
     assert callable(cli.main)
+
+
+def test_sample_counts_name_mini_batches_and_items():
+    """train/evaluate print mini-batch tasks' samples as mini-batches with their item count."""
+    import torch
+
+    from pointformers.cli import _count_phrase
+    from pointformers.tasks.minibatch import MiniBatch
+
+    assert _count_phrase([MiniBatch(None, torch.arange(3)), MiniBatch(None, torch.arange(2))]) == \
+        "2 mini-batches (5 items)"
+    assert _count_phrase([object(), object()]) == "2 samples"
+    assert _count_phrase([]) == "0 samples"

@@ -71,6 +71,15 @@ def _spec(cfg: Mapping[str, Any]):
     return get_task(cfg["task"]["name"])
 
 
+def _count_phrase(samples) -> str:
+    """How many engine samples, in words: mini-batch tasks count their items too."""
+    from .tasks.minibatch import MiniBatch
+
+    if samples and all(isinstance(s, MiniBatch) for s in samples):
+        return f"{len(samples)} mini-batches ({sum(len(s) for s in samples)} items)"
+    return f"{len(samples)} samples"
+
+
 def _build_model(cfg: Mapping[str, Any]):
     import torch
 
@@ -151,8 +160,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if env.is_main:
             out.mkdir(parents=True, exist_ok=True)
             (out / "config.yaml").write_text(dump_config(cfg))
-            print(f"{spec.name}: {len(samples['train'])}/{len(samples['val'])}/{len(samples['test'])} "
-                  f"train/val/test samples ({t_data:.1f} s); {env.world_size} process(es) on {env.device}")
+            print(f"{spec.name}: train {_count_phrase(samples['train'])}, val {_count_phrase(samples['val'])}, "
+                  f"test {_count_phrase(samples['test'])} ({t_data:.1f} s); {env.world_size} process(es) on {env.device}")
         model = _build_model(cfg)
         res = fit(model, spec.build(cfg), samples["train"], samples["val"], TrainConfig(**cfg["train"]), out,
                   cfg["model"]["name"], cfg["model"]["options"], test=samples.get("test"), resume=args.resume,
@@ -202,7 +211,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     rows = [(name, {k: float(v) for k, v in metrics.items()})]
     if spec.baselines is not None:
         rows += list(spec.baselines(cfg, samples[args.split]).items())
-    print(f"{spec.name} / {args.split}: {len(samples[args.split])} samples"
+    print(f"{spec.name} / {args.split}: {_count_phrase(samples[args.split])}"
           + (" (settings chosen on the validation split)" if report else ""))
     print(format_metrics_table(rows))
     return 0
