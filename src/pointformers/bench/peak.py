@@ -68,7 +68,7 @@ def peak_sentence(peak: dict) -> str:
     """One markdown sentence stating the measured peaks of a {"matmul", "block_gemm"} result."""
     mm, bg = peak["matmul"], peak["block_gemm"]
     onednn = (f"; the same GEMM through oneDNN's prepacked linear (`pointformers.nn.fast_linear`, used by "
-              f"SFT's and the MLPs' CPU inference): {mm['onednn_gflops']:.0f} GFLOP/s"
+              f"SFT, the MLPs and HEPT's projections in CPU inference): {mm['onednn_gflops']:.0f} GFLOP/s"
               if mm.get("onednn_gflops") else "")
     return (f"Measured float32 matmul peak: **{mm['gflops']:.0f} GFLOP/s** (`torch.mm`, {mm['size']}² GEMM, best of 5"
             f"{onednn}); HEPT-shaped batched block GEMM {tuple(bg['shape'])}: {bg['gflops']:.0f} GFLOP/s.")
