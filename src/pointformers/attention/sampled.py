@@ -195,12 +195,17 @@ class SampledAttention(TokenMixer):
         k_next = k.index_select(0, rows).view(B, N, H, d)
         v_next = v.index_select(0, rows).view(B, N, H, d)
         k, v = k.view(B, N, H, d), v.view(B, N, H, d)
-        wd = work_dtype(x.dtype)
-        qw = q.to(wd)
-        s = torch.stack([(qw * k.to(wd)).sum(-1), (qw * k_next.to(wd)).sum(-1)], -1) * self.scale  # (B, N, H, 2)
-        a = torch.softmax(s, dim=-1).to(x.dtype)
-        o = a[..., :1] * v + a[..., 1:] * v_next  # A_k = {k, k+1}
+        o = self._self_and_successor(q, k, k_next, v, v_next)
         return self.zero_padding(self.out_linear(o.reshape(B, N, H * d)), mask)
+
+    def _self_and_successor(self, q, k, k_next, v, v_next) -> torch.Tensor:
+        """Softmax attention of each query over A_k = {k, k+1}: q, k, k_next, v, v_next (..., H, d) -> (..., H, d).
+        Scores in at least float32 (work_dtype)."""
+        wd = work_dtype(q.dtype)
+        qw = q.to(wd)
+        s = torch.stack([(qw * k.to(wd)).sum(-1), (qw * k_next.to(wd)).sum(-1)], -1) * self.scale  # (..., H, 2)
+        a = torch.softmax(s, dim=-1).to(v.dtype)
+        return a[..., :1] * v + a[..., 1:] * v_next
 
     def _roll_along_cycle(self, x: torch.Tensor, mask: torch.Tensor, order: torch.Tensor,
                           chunk: int = 2048) -> torch.Tensor:
@@ -216,7 +221,6 @@ class SampledAttention(TokenMixer):
         """
         B, N, D = x.shape
         H, d = self.heads, self.head_dim
-        wd = work_dtype(x.dtype)
         out = x.new_zeros(B, N, D)                                                     # padded rows stay 0
         n_real = mask.sum(1).tolist()
         for b in range(B):
@@ -228,12 +232,10 @@ class SampledAttention(TokenMixer):
                 idx = torch.cat([cyc[s:e], nxt])
                 xc = x[b].index_select(0, idx)                                         # (m + 1, D)
                 m = e - s
-                q = self.w_q(xc[:m]).view(m, H, d).to(wd)
-                k = self.w_k(xc).view(m + 1, H, d).to(wd)
+                q = self.w_q(xc[:m]).view(m, H, d)
+                k = self.w_k(xc).view(m + 1, H, d)
                 v = self.w_v(xc).view(m + 1, H, d)
-                sc = torch.stack([(q * k[:m]).sum(-1), (q * k[1:]).sum(-1)], -1) * self.scale  # (m, H, 2)
-                a = torch.softmax(sc, dim=-1).to(x.dtype)
-                o = a[..., :1] * v[:m] + a[..., 1:] * v[1:]                            # A_k = {k, k+1}
+                o = self._self_and_successor(q, k[:m], k[1:], v[:m], v[1:])           # successor = next row
                 out[b].index_copy_(0, cyc[s:e], self.out_linear(o.reshape(m, H * d)))
         return out
 

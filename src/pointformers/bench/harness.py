@@ -98,11 +98,18 @@ def measure(step: Callable[[], None], repeats: int) -> dict:
     step()
     times = [time.perf_counter() - t0]
     peak = peak_bytes() - before - max(0, file_rss_bytes() - before_file)
-    for _ in range(repeats - 1):
+    times += _call_seconds(step, repeats - 1)
+    return {"seconds": statistics.median(times), "runs": len(times), "peak_mb": peak / 2**20}
+
+
+def _call_seconds(step: Callable[[], None], calls: int) -> list[float]:
+    """Wall seconds of each of ``calls`` calls of ``step``."""
+    times = []
+    for _ in range(calls):
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    return {"seconds": statistics.median(times), "runs": len(times), "peak_mb": peak / 2**20}
+    return times
 
 
 def tensor_peak_bytes(step: Callable[[], None]) -> int:
@@ -139,11 +146,7 @@ def measure_warm(step: Callable[[], None], repeats: int) -> dict:
     """A first call that warms up (lazy initialisation, allocator, kernel selection) and gives the
     peak tensor memory (:func:`tensor_peak_bytes`), then the median seconds of ``repeats`` calls."""
     peak = tensor_peak_bytes(step)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
+    times = _call_seconds(step, repeats)
     return {"seconds": statistics.median(times), "runs": len(times), "peak_mb": peak / 2**20}
 
 

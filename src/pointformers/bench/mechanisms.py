@@ -170,7 +170,7 @@ def ok(r: dict | None) -> bool:
 
 def predicted_seconds(prev: dict, name: str, n: int, mode: str, repeats: int) -> float:
     """Wall time of (name, n, mode) predicted from the measured previous size: its time per call
-    scaled by the analytic FLOP ratio, × the calls (timed ``repeats`` + a warm-up for small N)."""
+    scaled by the analytic FLOP ratio, × the calls (timed ``repeats`` + the warm-up)."""
     ratio = layer_flops(name, n, mode) / max(1, layer_flops(name, prev["n"], mode))
     return prev["seconds"] * ratio * (repeats + 1)
 

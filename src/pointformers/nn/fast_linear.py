@@ -112,17 +112,10 @@ def _applies(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def _run(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation: expected one of {_ACTIVATIONS}, got {activation!r}")
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, activation, [],
                                               "none" if activation == "gelu" else "")
 
 
-def _fallback(x, w, bias, activation):
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation: expected one of {_ACTIVATIONS}, got {activation!r}")
-    y = F.linear(x, w, bias)
-    return F.gelu(y) if activation == "gelu" else y
 
 
 def linear(lin: nn.Linear, x: torch.Tensor, activation: str = "none", use_bias: bool = True) -> torch.Tensor:
@@ -132,10 +125,13 @@ def linear(lin: nn.Linear, x: torch.Tensor, activation: str = "none", use_bias: 
     :func:`enabled`, x is a float32 CPU matrix and autograd is off; otherwise ``F.linear`` (+
     ``F.gelu``). ``use_bias=False`` leaves the module's bias out. Always returns a new tensor.
     """
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {_ACTIVATIONS}, got {activation!r}")
     bias = lin.bias if use_bias else None
     if _applies(x, lin.weight):
         return _run(x, _packed_weight(lin), bias, activation)
-    return _fallback(x, lin.weight, bias, activation)
+    y = F.linear(x, lin.weight, bias)
+    return F.gelu(y) if activation == "gelu" else y
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
