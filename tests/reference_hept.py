@@ -1,7 +1,9 @@
-"""A literal, slow re-statement of the reference forward semantics of the authors' HEPT
-tracking model (shared/reference/README.md, "Forward semantics"), written directly on the
-raw state_dict keys. Used only by the tests, to check the library's fast implementation.
-One cloud, N a multiple of block_size (no padding), as the README specifies.
+"""A literal, slow re-statement of the forward semantics of the authors' HEPT tracking model
+(the reference README: "Forward semantics" and "Exact arithmetic and padding"), written
+directly on the raw state_dict keys. Used only by the tests, to check the library's fast
+implementation. One cloud of any size N: region sizes ceil(N × (1/B)) in the regions' dtype
+from the cloud's own N, padding by duplicated points, PyTorch's default (unstable) argsort
+wherever the authors' code sorts.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import torch.nn.functional as F
 
 
 def region_codes(coords: torch.Tensor, regions: torch.Tensor) -> torch.Tensor:
-    """(N, c), (T, 2, H) -> codes (T, H, N) int64, step 1 of the README."""
+    """(N, c), (T, 2, H) -> codes (T, H, N) int64, step 1 of the README with its exact arithmetic."""
     N = coords.shape[0]
     T, _, H = regions.shape
     rows = regions.permute(0, 2, 1).reshape(T * H, 2)  # row t·H + h: (B_eta, B_phi)
@@ -20,25 +22,37 @@ def region_codes(coords: torch.Tensor, regions: torch.Tensor) -> torch.Tensor:
     for row in rows:
         r = []
         for axis in range(2):
-            order = torch.argsort(coords[:, axis], stable=True)
+            order = torch.argsort(coords[:, axis])
             rank = torch.empty(N, dtype=torch.long)
             rank[order] = torch.arange(N)
-            size = math.ceil(float(torch.tensor(N, dtype=torch.float32) / row[axis].float()))
-            size = int(torch.ceil(torch.tensor(N, dtype=torch.float32) / row[axis].float()))
+            size = int(torch.ceil(N * torch.reciprocal(row[axis])))  # N × (1/B) in the regions' dtype
             r.append(rank // size + 1)
         bits = int(math.ceil(math.log2(int(r[0].max()) + 1)))
         out.append((r[1] << bits) | r[0])
     return torch.stack(out).view(T, H, N)
 
 
+def padding_rows(codes: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Row of each padded point: 0..N−1, then copies of the points at positions N − b … of the
+    argsort of the table-0/head-0 codes (README, padding item 3). (T, H, N) -> (P,)."""
+    N = codes.shape[-1]
+    P = -(-N // block_size) * block_size
+    order = torch.argsort(codes[0, 0])
+    copies = [int(order[N - block_size + j]) for j in range(P - N)]  # Python indexing (negatives from the end)
+    return torch.cat([torch.arange(N), torch.tensor(copies, dtype=torch.long)])
+
+
 def reference_forward(sd: dict, x: torch.Tensor, coords: torch.Tensor, block_size: int = 100,
                       heads: int = 8, n_layers: int = 4, num_w_per_dist: int = 10) -> torch.Tensor:
-    """x (N, 15), coords (N, 6) -> (N, 12), everything in x's dtype."""
+    """x (N, 15), coords (N, 6) -> (N, 12), everything in x's dtype (the regions too, as when the
+    authors' whole model is cast to it)."""
     dt = x.dtype
     sd = {k: v.to(dt) for k, v in sd.items()}
+    n = x.shape[0]
+    codes = region_codes(coords, sd["regions"])
+    rows = padding_rows(codes, block_size)
+    x, coords, codes = x[rows], coords[rows], codes[..., rows]
     N = x.shape[0]
-    assert N % block_size == 0
-    codes = region_codes(coords, sd["regions"].float())
     h = F.linear(F.relu(F.linear(x, sd["feat_encoder.0.weight"], sd["feat_encoder.0.bias"])),
                  sd["feat_encoder.2.weight"], sd["feat_encoder.2.bias"])
     hs = [h]
@@ -66,8 +80,8 @@ def reference_forward(sd: dict, x: torch.Tensor, coords: torch.Tensor, block_siz
         den = torch.zeros(heads, N, dtype=dt)
         for t in range(Tq.shape[0]):
             for hh in range(heads):
-                pq = torch.argsort(Tq[t, hh], stable=True)
-                pk = torch.argsort(Tk[t, hh], stable=True)
+                pq = torch.argsort(Tq[t, hh])
+                pk = torch.argsort(Tk[t, hh])
                 Qs = qh[hh, pq].view(-1, block_size, qh.shape[-1])
                 Ks = kh[hh, pk].view(-1, block_size, kh.shape[-1])
                 Vs = vh[hh, pk].view(-1, block_size, d)
@@ -88,4 +102,4 @@ def reference_forward(sd: dict, x: torch.Tensor, coords: torch.Tensor, block_siz
         z = F.linear(z, sd[f"mlp_out.lins.{j}.weight"], sd[f"mlp_out.lins.{j}.bias"])
         z = torch.tanh(F.layer_norm(z, (z.shape[-1],), sd[f"mlp_out.norms.{j}.weight"], sd[f"mlp_out.norms.{j}.bias"]))
     z = F.linear(z, sd[f"mlp_out.lins.{n_lin - 1}.weight"], sd[f"mlp_out.lins.{n_lin - 1}.bias"])
-    return e + z
+    return (e + z)[:n]

@@ -151,7 +151,9 @@ def test_block_attention_gradients_match_autograd():
 
 
 def test_hept_gradients_finite_and_correct():
-    torch.manual_seed(0)
+    # HEPT is smooth only between sort-order changes: the seed gives no hash near-tie within
+    # gradcheck's eps (seed 0 has one since region sizes follow the cloud's own count)
+    torch.manual_seed(1)
     h = build("hept", dim=8, heads=3, coord_dim=3, block_size=5, n_hashes=2, num_regions=4).double()
     x = torch.randn(2, 23, 8, dtype=torch.float64, requires_grad=True)
     pos = torch.randn(2, 23, 3, dtype=torch.float64)

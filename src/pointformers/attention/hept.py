@@ -34,6 +34,23 @@ def masked_range(lq: torch.Tensor, lk: torch.Tensor, mask: torch.Tensor) -> torc
     return (hi - lo).unsqueeze(-1)
 
 
+def authors_argsort(keys: torch.Tensor, ctx: HEPTContext) -> torch.Tensor:
+    """Sort order of each cloud's keys by ``torch.argsort`` (PyTorch's default sort, as the authors'
+    code), over the cloud's own ``ctx.lengths[b]`` rows only, so that ties break as in their code
+    run on that cloud alone; rows past a cloud's length (padding, keys +inf) keep their places.
+    (B, T, Np) -> (B, T, Np) int64."""
+    B, _, Np = keys.shape
+    if B == 1 and (ctx.lengths is None or int(ctx.lengths[0]) == Np):
+        return torch.argsort(keys, dim=-1)
+    if ctx.lengths is None:
+        raise ValueError("authors_sort with several clouds needs the context's lengths")
+    out = torch.arange(Np, device=keys.device).repeat(B, keys.shape[1], 1)
+    for b in range(B):
+        n = int(ctx.lengths[b])
+        out[b, :, :n] = torch.argsort(keys[b, :, :n], dim=-1)
+    return out
+
+
 @register("hept")
 class HEPTAttention(KernelAttention):
     """HEPT attention (OR & AND E2LSH with coordinate AND codes, block attention).
@@ -97,9 +114,11 @@ class HEPTAttention(KernelAttention):
             tq = (lq + offset).masked_fill_(pad, float("inf"))
             tk = (lk + offset).masked_fill_(pad, float("inf"))
             base = torch.arange(B, device=qa.device).view(B, 1, 1) * Np
-            iq = stable_argsort(tq).add_(base)
-            ik = stable_argsort(tk).add_(base)
-        return iq, ik
+            if ctx.authors_sort:
+                iq, ik = authors_argsort(tq, ctx), authors_argsort(tk, ctx)
+            else:
+                iq, ik = stable_argsort(tq), stable_argsort(tk)
+        return iq.add_(base), ik.add_(base)
 
     def sort_indices(self, qa: torch.Tensor, ka: torch.Tensor, ctx: HEPTContext):
         """All heads' sort orders as row numbers into (B, Np, H) rows. q', k' (B, Np, H, d+c+2) -> 2 × (B·H, T, Np)."""

@@ -50,12 +50,20 @@ class HEPTContext:
         codes: (B, T, H, Np) int64 region code of each point per (table, head).
         n_points: N, the unpadded tensor width.
         block_size: b.
+        authors_sort: sort hash keys with ``torch.argsort`` (PyTorch's default, unstable sort)
+            over each cloud's own rows, as the authors' code, instead of the stable sort. Ties
+            between a point and its duplicate (``padding="duplicate"``) are then broken as
+            theirs are; a tie straddling a block boundary decides which copy's output is kept.
+        lengths: (B,) rows of each cloud (its first ``lengths[b]`` rows are real); needed with
+            ``authors_sort`` and more than one cloud.
     """
 
     mask: torch.Tensor
     codes: torch.Tensor
     n_points: int
     block_size: int
+    authors_sort: bool = False
+    lengths: torch.Tensor | None = None
 
     @property
     def n_padded(self) -> int:
@@ -71,41 +79,97 @@ def _ranks(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return ranks
 
 
+def _authors_ranks(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Ranks as the authors' code computes them: ``torch.argsort`` (default, unstable) of each
+    cloud's own real values, so exact ties in η or φ order as theirs do. (B, Np) -> (B, Np);
+    padded points get rank Np (they are never used)."""
+    ranks = torch.full_like(values, values.shape[-1], dtype=torch.int64)
+    for b in range(values.shape[0]):
+        idx = mask[b].nonzero().squeeze(1)
+        order = torch.argsort(values[b, idx])
+        r = torch.empty_like(order)
+        r[order] = torch.arange(len(order), device=values.device)
+        ranks[b, idx] = r
+    return ranks
+
+
 def region_codes(eta: torch.Tensor, phi: torch.Tensor, mask: torch.Tensor, regions: torch.Tensor,
-                 block_size: int) -> torch.Tensor:
-    """Bit-packed (η, φ) region codes.
+                 authors_sort: bool = False) -> torch.Tensor:
+    """Bit-packed (η, φ) region codes ``c = (r_φ << bits) | r_η``.
 
     Args:
         eta, phi: (B, Np) coordinates; mask: (B, Np) real points.
-        regions: (T, 2, H) bucket counts B_η = regions[:, 0], B_φ = regions[:, 1].
-        block_size: b; each cloud's own point count is padded to a multiple of b to size its
-            regions (``rank // ceil(n_pad / B) + 1`` as the authors' code), so a cloud's codes
-            never depend on the other clouds in its batch.
+        regions: (T, 2, H) bucket counts B_η = regions[:, 0], B_φ = regions[:, 1]; the region
+            size is computed in this tensor's dtype (see :func:`region_indices`).
+        authors_sort: rank with PyTorch's default sort as the authors (see :func:`region_indices`).
     Returns:
-        (B, T, H, Np) int64 codes.
+        (B, T, H, Np) int64 codes; ``bits = ceil(log2(max r_η + 1))`` per (cloud, table, head).
     """
-    r_eta, r_phi, top = region_indices(eta, phi, mask, regions, block_size)
+    r_eta, r_phi, top = region_indices(eta, phi, mask, regions, authors_sort)
     bits = torch.ceil(torch.log2(top.double() + 1)).to(torch.int64)
     return (r_phi << bits) | r_eta
 
 
 def region_indices(eta: torch.Tensor, phi: torch.Tensor, mask: torch.Tensor, regions: torch.Tensor,
-                   block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   authors_sort: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """1-based η and φ region indices ``(B, T, H, Np)`` each, and the largest real η index per
     (cloud, table, head) ``(B, T, H, 1)`` (it sets the bit width of the packed code).
-    Arguments as :func:`region_codes`."""
-    n_real = mask.sum(-1)
-    n_pad = (torch.div(n_real + block_size - 1, block_size, rounding_mode="floor") * block_size)
-    n_pad = n_pad.to(regions.dtype).view(-1, 1, 1)
+
+    The arithmetic is the authors' to the bit (reference README, "Exact arithmetic"): a cloud
+    of n real points (its own count, before any padding) has regions of
+    ``size = ceil(n · (1/B))`` points along each axis, evaluated in ``regions.dtype`` as their
+    ``n / regions`` (PyTorch computes a Python number divided by a tensor as the number times
+    the tensor's reciprocal; B, stored rounded to float32, makes the product inexact: 6000 and
+    B = 13.333333 give 450.00003 → 451); a point of rank ρ along the axis is in region
+    ``ρ // size + 1``. Ranks come from a stable sort (ties in index order) or, with
+    ``authors_sort``, from ``torch.argsort`` of each cloud's own values as in the authors' code.
+    Each cloud is sized by its own count, so its codes never depend on the batch.
+    """
+    n_real = mask.sum(-1).to(regions.dtype).view(-1, 1, 1)
+    ranks = _authors_ranks if authors_sort else _ranks
 
     def axis(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        size = torch.ceil(n_pad / counts.unsqueeze(0)).to(torch.int64)  # (B, T, H)
-        return torch.div(_ranks(values, mask)[:, None, None, :], size[..., None], rounding_mode="floor") + 1
+        size = torch.ceil(n_real * torch.reciprocal(counts).unsqueeze(0)).to(torch.int64).clamp_min(1)  # (B, T, H)
+        return torch.div(ranks(values, mask)[:, None, None, :], size[..., None], rounding_mode="floor") + 1
 
     r_eta = axis(eta, regions[:, 0])
     r_phi = axis(phi, regions[:, 1])
     top = r_eta.masked_fill(~mask[:, None, None, :], 0).amax(-1, keepdim=True)
     return r_eta, r_phi, top
+
+
+def duplicate_padding(codes: torch.Tensor, mask: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The authors' padding: each cloud of n points is padded to P = ceil(n / b)·b rows with copies
+    of its own points (reference README, "Exact arithmetic and padding", item 3).
+
+    The copies are the points at positions n − b, …, n − b + p − 1 (p = P − n; negative positions
+    count from the end, as Python indexing) of the cloud's points ordered by ``torch.argsort``
+    (PyTorch's default, unstable sort, as theirs) of the table-0/head-0 region codes. Positions
+    are taken modulo n, which is their indexing wherever theirs is defined (n ≥ b/2).
+
+    Args:
+        codes: (B, T, H, N) region codes of the real points; mask: (B, N) real points.
+        block_size: b.
+    Returns:
+        gather (B, P_max) int64 source row of each padded row (rows past a cloud's P point at
+        row 0 and are masked), and lengths (B,) = P per cloud. Row i < n of cloud b is its i-th
+        real point (real points in index order), rows n … P − 1 are the copies.
+    """
+    B = mask.shape[0]
+    counts = mask.sum(-1)
+    lengths = (counts + block_size - 1) // block_size * block_size
+    width = max(int(lengths.max()) if B else 0, block_size)
+    gather = torch.zeros(B, width, dtype=torch.int64, device=mask.device)
+    for b in range(B):
+        idx = mask[b].nonzero().squeeze(1)
+        n, P = len(idx), int(lengths[b])
+        if n == 0:
+            continue
+        order = torch.argsort(codes[b, 0, 0, idx])
+        pos = (n - block_size + torch.arange(P - n, device=mask.device)) % n
+        gather[b, :n] = idx
+        gather[b, n:P] = idx[order[pos]]
+    return gather, lengths
 
 
 class HEPTRegions(nn.Module):
@@ -116,7 +180,8 @@ class HEPTRegions(nn.Module):
         n_hashes: OR tables m₁.
         heads: H.
         block_size: b.
-    The counts are a buffer saved in the state_dict (key ``regions``, shape (T, 2, H)).
+    The counts are a buffer saved in the state_dict (key ``regions``, shape (T, 2, H)); they
+    follow the module's dtype, and the region sizes are computed in it (as the authors').
     """
 
     def __init__(self, num_regions: float, n_hashes: int, heads: int, block_size: int,
@@ -125,14 +190,18 @@ class HEPTRegions(nn.Module):
         self.block_size = block_size
         self.register_buffer("regions", sample_region_counts(num_regions, n_hashes, heads, generator))
 
+    def codes(self, pos: torch.Tensor, mask: torch.Tensor, authors_sort: bool = False) -> torch.Tensor:
+        """Region codes (B, T, H, N) of ``pos`` (B, N, c ≥ 2) with η, φ in columns 0, 1."""
+        with torch.no_grad():
+            return region_codes(pos[..., 0], pos[..., 1], mask, self.regions, authors_sort)
+
     def forward(self, pos: torch.Tensor, mask: torch.Tensor) -> HEPTContext:
         """pos (B, N, c ≥ 2) with η, φ in columns 0, 1; mask (B, N) -> :class:`HEPTContext`."""
         B, N = mask.shape
         b = self.block_size
         Np = -(-N // b) * b
+        codes = self.codes(pos, mask)
         if Np != N:
             mask = torch.cat([mask, mask.new_zeros(B, Np - N)], 1)
-            pos = torch.cat([pos, pos.new_zeros(B, Np - N, pos.shape[-1])], 1)
-        with torch.no_grad():
-            codes = region_codes(pos[..., 0], pos[..., 1], mask, self.regions.float(), b)
+            codes = torch.cat([codes, codes.new_zeros(*codes.shape[:3], Np - N)], 3)
         return HEPTContext(mask=mask, codes=codes, n_points=N, block_size=b)

@@ -59,13 +59,13 @@ def region_codes(eta: torch.Tensor, phi: torch.Tensor, mask: torch.Tensor, regio
 
     Args:
         eta, phi: (B, N) coordinates; mask: (B, N) real points (padding may be anywhere).
-        regions: (T, 2, H) float bucket counts (the ``regions`` buffer).
-        block_size: b (a cloud of n points sizes its regions by ceil(n / b)·b).
+        regions: (T, 2, H) float bucket counts (the ``regions`` buffer; its dtype sets the arithmetic).
+        block_size: unused (kept for the signature); a cloud of n points sizes its regions by n.
     Returns:
         (B, T, H, N) int64 codes (meaningless at padded points, which sort last anyway).
     """
-    # float32 as the training path (HEPTRegions.forward): ceil(n_pad / B) must round identically
-    r_eta, r_phi, top = region_indices(eta, phi, mask, regions.float(), block_size)
+    # the training path's arithmetic, in the regions' dtype (HEPTRegions.codes)
+    r_eta, r_phi, top = region_indices(eta, phi, mask, regions)
     # no log2 / bit shifts (not exportable everywhere): count the powers of two <= top instead
     pow2 = _powers_of_two(eta.device)
     bits = (top.unsqueeze(-1) >= pow2).sum(-1)  # = ceil(log2(top + 1)) for top >= 0, exactly

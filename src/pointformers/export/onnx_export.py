@@ -309,8 +309,11 @@ def load_model(source: nn.Module | str | os.PathLike | Mapping[str, Any],
 
     ``source``: a model (copied, not modified); a training checkpoint (``best.pt`` / ``last.pt``
     of :mod:`pointformers.engine.checkpoint`, or its loaded dict); or the authors' HEPT
-    ``state_dict`` file (loaded with :func:`pointformers.models.from_reference_checkpoint`,
-    converting ω in ``dtype``).
+    ``state_dict`` file or a shipped checkpoint's name such as ``"hept-tracking-60k"`` (loaded
+    with :func:`pointformers.models.from_reference_checkpoint`, converting ω in ``dtype``, with
+    this project's masked padding: the exported graph cannot reproduce the authors' padding by
+    duplicated points, which follows PyTorch's unstable sort order; outputs then equal the
+    authors' exactly when the point count is a multiple of the block size).
     """
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
@@ -320,6 +323,10 @@ def load_model(source: nn.Module | str | os.PathLike | Mapping[str, Any],
 
     if isinstance(source, Mapping):
         return model_from_checkpoint(source).to(dtype).eval()
+    from ..models.hept_tracking import REFERENCE_CHECKPOINTS, reference_checkpoint_path
+
+    if isinstance(source, str) and source in REFERENCE_CHECKPOINTS:
+        source = reference_checkpoint_path(source)
     path = Path(source)
     if not path.is_file():
         raise ValueError(f"checkpoint: no such file {str(path)!r}")
@@ -333,7 +340,8 @@ def load_model(source: nn.Module | str | os.PathLike | Mapping[str, Any],
     if isinstance(obj, dict) and "regions" in obj and "feat_encoder.0.weight" in obj:
         from ..models import from_reference_checkpoint
 
-        return from_reference_checkpoint(path, dtype=dtype).eval()
+        # the exported graph pads by masking (duplication needs PyTorch's unstable sort order)
+        return from_reference_checkpoint(path, dtype=dtype, padding="mask").eval()
     raise ValueError(f"checkpoint {str(path)!r}: neither a pointformers training checkpoint (format="
                      f"{CHECKPOINT_FORMAT!r}) nor an authors' HEPT state_dict")
 

@@ -1,9 +1,9 @@
 """HEPT for charged-particle tracking, and loading the authors' trained checkpoints."""
 from __future__ import annotations
 
-import math
 import os
 from collections import OrderedDict
+from pathlib import Path
 
 import torch
 
@@ -79,18 +79,49 @@ def convert_reference_state_dict(ref: "OrderedDict[str, torch.Tensor]", n_layers
     return out
 
 
-def from_reference_checkpoint(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
-                              **options) -> PointTransformerJK:
-    """Load an authors' HEPT tracking ``state_dict`` (e.g. ``hept-tracking-60k.pt``) strictly.
+#: Weights shipped inside the package (``models/weights/``, with their licence and source).
+REFERENCE_CHECKPOINTS = {"hept-tracking-60k": "hept-tracking-60k.pt"}
 
+
+def reference_checkpoint_path(name_or_path: str | os.PathLike) -> Path:
+    """The file of a shipped checkpoint name (:data:`REFERENCE_CHECKPOINTS`), or ``name_or_path``
+    itself when it is an existing file. Raises ValueError naming both choices otherwise."""
+    if isinstance(name_or_path, str) and name_or_path in REFERENCE_CHECKPOINTS:
+        return Path(__file__).parent / "weights" / REFERENCE_CHECKPOINTS[name_or_path]
+    p = Path(name_or_path)
+    if not p.is_file():
+        raise ValueError(f"path: no checkpoint file at {p!s}, and not the name of a shipped checkpoint "
+                         f"({', '.join(sorted(REFERENCE_CHECKPOINTS))})")
+    return p
+
+
+def is_reference_checkpoint(name_or_path: str | os.PathLike) -> bool:
+    """True for a shipped checkpoint name or a file holding an authors' HEPT ``state_dict``."""
+    if isinstance(name_or_path, str) and name_or_path in REFERENCE_CHECKPOINTS:
+        return True
+    try:
+        sd = torch.load(reference_checkpoint_path(name_or_path), map_location="cpu", weights_only=True)
+    except Exception:
+        return False
+    return isinstance(sd, dict) and "regions" in sd and "feat_encoder.0.weight" in sd
+
+
+def from_reference_checkpoint(path: str | os.PathLike = "hept-tracking-60k", dtype: torch.dtype = torch.float32,
+                              **options) -> PointTransformerJK:
+    """Load an authors' HEPT tracking ``state_dict`` strictly, in the authors' forward semantics.
+
+    ``path``: a shipped checkpoint's name (``"hept-tracking-60k"``, the authors' published
+    Tracking-60k model, see ``models/weights/README.md``) or a file saved by their code.
     The architecture is inferred from the file (input features, coordinates, heads, layers,
     head width, tables); ``options`` override the rest (e.g. ``block_size``). Every key and
     shape must match: a missing/unexpected key or a shape mismatch raises ValueError.
-    ``dtype``: the model's dtype; the conversion (ω from ``w_rpe``) runs in it, so a float64
-    model reproduces the reference computation in float64 without float32 rounding of ω.
+    ``dtype``: the model's dtype; the conversion (ω from ``w_rpe``) and the region arithmetic
+    run in it, so a float64 model reproduces the authors' float64 computation.
+    The model pads clouds by duplicating points (``padding="duplicate"``), as the authors'
+    code does, so that its output equals theirs at any number of points; pass
+    ``padding="mask"`` for this project's masked padding.
     """
-    if not os.path.isfile(path):
-        raise ValueError(f"path: no checkpoint file at {path!s}")
+    path = reference_checkpoint_path(path)
     ref = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(ref, dict) or "regions" not in ref or "feat_encoder.0.weight" not in ref:
         raise ValueError(f"{path!s}: not an authors' HEPT state_dict (expected keys 'regions', 'feat_encoder.0.weight')")
@@ -106,7 +137,8 @@ def from_reference_checkpoint(path: str | os.PathLike, dtype: torch.dtype = torc
     cfg = dict(in_dim=in_dim, coord_dim=coord_dim, dim=dim, heads=heads, head_dim=head_dim, n_layers=n_layers,
                out_dim=out_dim, mlp_hidden=mlp_hidden, mlp_layers=mlp_layers, n_hashes=n_hashes,
                # G only seeds the random region counts, which the file overrides
-               num_regions=float(ref["regions"][:, 0].mul(ref["regions"][:, 1]).mean()))
+               num_regions=float(ref["regions"][:, 0].mul(ref["regions"][:, 1]).mean()),
+               padding="duplicate")
     cfg.update(options)
     model = PointTransformerJK(**cfg).to(dtype)
     ref = OrderedDict((k, v.to(dtype) if k != "regions" else v) for k, v in ref.items())

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import HEPTAttention, HEPTRegions, build as build_attention, check_attention_inputs
+from ..attention import HEPTContext, HEPTRegions, build as build_attention, check_attention_inputs
+from ..attention.hept_regions import duplicate_padding
 from ..nn import MLP, PreLNBlock
 
 
@@ -29,16 +30,32 @@ class PointTransformerJK(nn.Module):
             positional encoding HEPT's transformer baselines use (authors' ``pe_type: learned``,
             spec §5): Linear(c, D) → LayerNorm → ReLU → Linear(D, D) of the coordinates, added to
             the encoded features h₀ once, before the first block.
+        padding: how HEPT fills a cloud up to a multiple of ``block_size``. ``"mask"`` (default,
+            this project's contract): padded rows take no part in attention, so a cloud's output
+            does not depend on its batch or on the tensor width. ``"duplicate"``: the authors'
+            code — the cloud is padded with copies of its own points (chosen as theirs, see
+            :func:`~pointformers.attention.hept_regions.duplicate_padding`) that attend and are
+            attended to like any point, and sorts use PyTorch's default ``torch.argsort`` as
+            theirs; the copies' outputs are dropped. Models loaded with
+            :func:`~pointformers.models.from_reference_checkpoint` use it, so that their output at
+            any point count equals the authors' for each cloud (batched clouds too).
     Shapes: forward(x (B, N, F), coords (B, N, c), mask (B, N) | None) -> (B, N, out_dim).
     """
 
     def __init__(self, in_dim: int, coord_dim: int, dim: int = 24, heads: int = 8, head_dim: int | None = 24,
                  n_layers: int = 4, out_dim: int = 12, mlp_hidden: int = 256, mlp_layers: int = 5,
                  dropout: float = 0.1, attention: str = "hept", block_size: int = 100, n_hashes: int = 3,
-                 num_regions: float = 150, attention_options: dict | None = None, pe: str = "none"):
+                 num_regions: float = 150, attention_options: dict | None = None, pe: str = "none",
+                 padding: str = "mask"):
         super().__init__()
         if pe not in ("none", "learned"):
             raise ValueError(f"pe: expected 'none' or 'learned', got {pe!r}")
+        if padding not in ("mask", "duplicate"):
+            raise ValueError(f"padding: expected 'mask' or 'duplicate', got {padding!r}")
+        if padding == "duplicate" and attention != "hept":
+            raise ValueError(f"padding='duplicate' is the authors' HEPT padding: it needs attention='hept', "
+                             f"got attention={attention!r}")
+        self.padding = padding
         self.in_dim, self.coord_dim, self.dim = in_dim, coord_dim, dim
         self.attention = attention
         opts = dict(attention_options or {})
@@ -73,7 +90,15 @@ class PointTransformerJK(nn.Module):
                              f"{None if coords is None else tuple(coords.shape)}")
         mask = check_attention_inputs(x, coords, mask, dim=self.in_dim, pos_dim=self.coord_dim,
                                       requires_pos=True, who=type(self).__name__)
-        kw = {"context": self.region_hash(coords, mask)} if self.attention == "hept" else {}
+        if self.padding == "duplicate":
+            return self._forward_duplicated(x, coords, mask)
+        ctx = self.region_hash(coords, mask) if self.attention == "hept" else None
+        return self._trunk(x, coords, mask, ctx)
+
+    def _trunk(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor,
+               ctx: HEPTContext | None) -> torch.Tensor:
+        """Encoder, blocks and head on checked inputs; ``ctx``: HEPT's shared context (or None)."""
+        kw = {"context": ctx} if ctx is not None else {}
         h = self.feat_encoder(x)
         if self.pos_encoder is not None:
             h = h + self.pos_encoder(coords)
@@ -84,3 +109,24 @@ class PointTransformerJK(nn.Module):
             hs.append(h)
         e = self.W(torch.cat(hs, -1))
         return (e + self.dropout(self.mlp_out(e))) * mask.unsqueeze(-1)
+
+    def _forward_duplicated(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``padding="duplicate"``: region codes from each cloud's real points, the cloud padded with
+        copies of its points (their codes copied too), the trunk on the padded rows, the copies'
+        outputs dropped. (B, N, F), (B, N, c), (B, N) -> (B, N, out_dim)."""
+        rh = self.region_hash
+        codes = rh.codes(coords, mask, authors_sort=True)  # (B, T, H, N) from the real points only
+        rows, lengths = duplicate_padding(codes, mask, rh.block_size)  # (B, P)
+        B, P = rows.shape
+        T, H = codes.shape[1:3]
+        pick = lambda t: t.gather(1, rows[..., None].expand(-1, -1, t.shape[-1]))  # noqa: E731
+        pmask = torch.arange(P, device=x.device)[None, :] < lengths[:, None]
+        ctx = HEPTContext(mask=pmask, codes=codes.gather(3, rows[:, None, None, :].expand(-1, T, H, -1)),
+                          n_points=P, block_size=rh.block_size, authors_sort=True, lengths=lengths)
+        y = self._trunk(pick(x), pick(coords), pmask, ctx)
+        # the first n rows of cloud b are its real points in index order: put them back in place
+        own = torch.arange(P, device=x.device)[None, :] < mask.sum(-1, keepdim=True)
+        cloud = torch.arange(B, device=x.device)[:, None].expand(B, P)
+        out = y.new_zeros(B, x.shape[1], y.shape[-1])
+        out[cloud[own], rows[own]] = y[own]
+        return out
