@@ -215,3 +215,13 @@ def test_finite_check_survives_overflowing_sums_and_nan_padding():
     mask2[1, 4] = True
     with pytest.raises(ValueError, match="x contains NaN or inf"):
         check_attention_inputs(x2, None, mask2, dim=3)
+
+
+def test_gpu_chunks_are_larger_than_cpu_chunks():
+    """Off the CPU the default chunk holds far more blocks (launch-bound otherwise); an explicit
+    chunk size is kept on every device."""
+    from pointformers.attention.block_attention import DEFAULT_CHUNK_ELEMS, DEFAULT_GPU_CHUNK_ELEMS, chunk_blocks_for
+    cpu, meta = torch.empty(0), torch.empty(0, device="meta")
+    assert chunk_blocks_for(DEFAULT_CHUNK_ELEMS, 100, cpu) == DEFAULT_CHUNK_ELEMS // 10_000
+    assert chunk_blocks_for(DEFAULT_CHUNK_ELEMS, 100, meta) == DEFAULT_GPU_CHUNK_ELEMS // 10_000
+    assert chunk_blocks_for(50_000, 100, meta) == 5
