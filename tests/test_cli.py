@@ -114,6 +114,23 @@ def test_train_then_evaluate(tmp_path: Path, capsys) -> None:
     assert f"{test_ap:.4f}" in printed and "kNN" in printed
     err = _one_line_error(capsys, ["evaluate", "--checkpoint", str(out / "missing.pt")])
     assert "missing.pt" in err
+    # --json of a split; then the same run checkpoint on a folder of TrackML events: DBSCAN's
+    # radius is the one chosen on the run's validation split, as for --split test.
+    assert main(["evaluate", "--checkpoint", str(out / "best.pt"), "--json", str(tmp_path / "split.json")]) == 0
+    split = json.loads((tmp_path / "split.json").read_text())
+    run_row = split["rows"][next(iter(split["rows"]))]
+    assert split["split"] == "test" and run_row["ap@k"] == pytest.approx(test_ap)
+    from pointformers.data.tracking import generate_event, preset_params
+    from pointformers.data.trackml import write_trackml_event
+
+    write_trackml_event(generate_event(preset_params("tiny"), seed=5), tmp_path / "events", "event000000005")
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(out / "best.pt"), "--data", str(tmp_path / "events"),
+                 "--json", str(tmp_path / "data.json")]) == 0
+    assert "validation split" in capsys.readouterr().out
+    res = json.loads((tmp_path / "data.json").read_text())
+    assert res["dbscan_eps"] == pytest.approx(run_row["dbscan_eps"])
+    assert [r["event"] for r in res["events"]] == ["event000000005"] and 0 <= res["overall"]["ap@k"] <= 1
     # plot: learning curves plus the tracking task's event display of a validation cloud from best.pt.
     assert main(["plot", str(out)]) == 0
     printed = capsys.readouterr().out

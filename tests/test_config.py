@@ -134,3 +134,16 @@ def test_tracking_n_events_shrinks_the_preset_only(tmp_path: Path) -> None:
     assert len(samples["train"]) == 8 and len(samples["test"]) == 1
     full = load_config(None, [f"data.cache_dir={tmp_path}", "data.preset=tiny"])
     assert data_params(full["data"]) == "tiny"
+
+
+def test_tracking_sector_options_reach_the_generator() -> None:
+    from pointformers.tasks.tracking_spec import data_params
+
+    cfg = load_config("configs/tracking-hept-small.yaml", ["data.sector_ds=1.3", "data.sector_di=0"])
+    p = data_params(cfg["data"])
+    assert (p.sector_ds, p.sector_di, p.sector_slope, p.n_sectors) == (1.3, 0.0, "auto", 2)
+    assert data_params(load_config("configs/tracking-hept-small.yaml")["data"]) == "small"
+    with pytest.raises(ValueError, match="^data.sector_ds: expected a finite number >= 1"):
+        load_config("configs/tracking-hept-small.yaml", ["data.sector_ds=0.5"])
+    with pytest.raises(ValueError, match="^data.sector_slope: 'arctan' wedges"):
+        load_config("configs/tracking-hept-small.yaml", ["data.sector_slope=arctan"])

@@ -1,5 +1,5 @@
 """The ``pointformers`` command: ``demo``, ``train``, ``evaluate``, ``benchmark``, ``generate``,
-``plot`` and ``export``.
+``plot``, ``export`` and ``predict`` (TrackML events: :mod:`pointformers.tasks.trackml_eval`).
 
 Configs are YAML files with four sections and an output folder (:mod:`pointformers.engine.config`)::
 
@@ -21,10 +21,12 @@ Multi-GPU / multi-node: ``torchrun --nproc_per_node G -m pointformers.cli train 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -186,34 +188,158 @@ def _config_for_checkpoint(args: argparse.Namespace, ckpt: Mapping[str, Any]) ->
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    import contextlib
-
     import torch
 
-    from .engine import load_checkpoint, model_from_checkpoint
+    from .engine import load_checkpoint, model_from_checkpoint, write_json
     from .engine.distributed import resolve_device
+    from .models.hept_tracking import is_reference_checkpoint
 
+    if args.data is not None:
+        return cmd_evaluate_data(args)
+    for opt, val in (("--detectors", args.detectors), ("--eps", args.eps), ("--eps-data", args.eps_data)):
+        if val is not None:
+            raise ValueError(f"{opt}: only used with --data FOLDER (TrackML events)")
+    if is_reference_checkpoint(args.checkpoint):
+        raise ValueError(f"--data: {args.checkpoint} is a reference checkpoint with no data split of its own; "
+                         "pass --data FOLDER of labelled TrackML events")
+    _check_new_file(args.json, "--json", args.force)
+    split = args.split or "test"
     ckpt = load_checkpoint(args.checkpoint, required=("model", "model_name", "model_config"))
     cfg = _config_for_checkpoint(args, ckpt)
     spec = _spec(cfg)
-    device = resolve_device(cfg["train"]["device"])
+    device = resolve_device(args.device or cfg["train"]["device"])
     model = model_from_checkpoint(ckpt, map_location=device)
     task = spec.build(cfg)
-    report = hasattr(task, "evaluate_report") and args.split == "test"
-    splits = ("val", "test") if report else (args.split,)
+    report = hasattr(task, "evaluate_report") and split == "test"
+    splits = ("val", "test") if report else (split,)
     samples = spec.load(cfg, splits, False)
     ctx = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if cfg["train"]["precision"] == "bf16"
            else contextlib.nullcontext())
     with ctx:
         metrics = (task.evaluate_report(model, samples["val"], samples["test"]) if report
-                   else task.evaluate(model, samples[args.split]))
+                   else task.evaluate(model, samples[split]))
     name = f"{ckpt['model_name']} ({Path(args.checkpoint).name}, epoch {ckpt.get('epoch', '?')})"
     rows = [(name, {k: float(v) for k, v in metrics.items()})]
     if spec.baselines is not None:
-        rows += list(spec.baselines(cfg, samples[args.split]).items())
-    print(f"{spec.name} / {args.split}: {_count_phrase(samples[args.split])}"
+        rows += list(spec.baselines(cfg, samples[split]).items())
+    print(f"{spec.name} / {split}: {_count_phrase(samples[split])}"
           + (" (settings chosen on the validation split)" if report else ""))
     print(format_metrics_table(rows))
+    if args.json:
+        write_json(args.json, {"checkpoint": str(args.checkpoint), "task": spec.name, "split": split,
+                               "rows": {n: m for n, m in rows}})
+        print(f"wrote {args.json}")
+    return 0
+
+
+# ------------------------------------------------------------------------------ TrackML folders
+def _check_new_file(path: str | None, opt: str, force: bool) -> None:
+    """Refuse to overwrite an existing output file without --force (checked before any work)."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{opt}: {p} is a folder, expected a file name")
+    if p.exists() and not force:
+        raise ValueError(f"{opt}: {p} already exists; pass --force to overwrite it")
+
+
+@contextlib.contextmanager
+def _one_line_warnings(command: str):
+    """Show warnings (e.g. the reader's "no detectors file") as ``pointformers CMD: warning: ...``."""
+    old = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"pointformers {command}: warning: {str(message).splitlines()[0]}", file=sys.stderr)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = old
+
+
+def _open_for_data(args: argparse.Namespace):
+    """The checkpoint of ``evaluate --data`` / ``predict`` as a TrackingModel."""
+    from .models.hept_tracking import is_reference_checkpoint
+    from .tasks.trackml_eval import open_tracking_checkpoint
+
+    if is_reference_checkpoint(args.checkpoint):
+        for opt, val in (("--config", args.config), ("--set", args.set)):
+            if val:
+                raise ValueError(f"{opt}: a reference checkpoint ({args.checkpoint}) has no run config to change")
+    return open_tracking_checkpoint(args.checkpoint, args.device, lambda ckpt: _config_for_checkpoint(args, ckpt))
+
+
+def _resolve_eps(args: argparse.Namespace, tm) -> tuple[float, str]:
+    """DBSCAN's radius and where it came from (see the --eps help)."""
+    from .tasks.trackml_eval import REFERENCE_EPS, choose_eps_on_folder, choose_eps_on_validation
+
+    raw = args.eps
+    if args.eps_data is not None:
+        if raw not in (None, "auto"):
+            raise ValueError(f"--eps-data: chooses the radius, so it goes with --eps auto, not --eps {raw}")
+        raw = "auto"
+    if raw is None and tm.reference:
+        return REFERENCE_EPS, ("default for reference checkpoints: best TrackML score on a real event "
+                               "overlaid to Tracking-60k density, see --help")
+    if raw is None:
+        raw = "auto"
+    if raw == "auto":
+        if args.eps_data is not None:
+            sel = choose_eps_on_folder(tm, args.eps_data, args.detectors)
+            same = Path(args.eps_data).resolve() == Path(getattr(args, "data", "") or "").resolve()
+            return sel.eps, (f"chosen on the events in {args.eps_data}, TrackML score {sel.score:.4f}"
+                             + ("; these are the evaluated events, so the score is optimistic" if same else ""))
+        if tm.reference:
+            raise ValueError("--eps: auto needs --eps-data FOLDER of labelled TrackML events for a reference "
+                             "checkpoint (it has no validation split)")
+        sel = choose_eps_on_validation(tm)
+        return sel.eps, f"chosen on the run's validation split, TrackML score {sel.score:.4f}"
+    try:
+        eps = float(raw)
+    except ValueError:
+        eps = float("nan")
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"--eps: expected a number > 0 or 'auto', got {raw!r}")
+    return eps, "given with --eps"
+
+
+def cmd_evaluate_data(args: argparse.Namespace) -> int:
+    from .engine import write_json
+    from .tasks.trackml_eval import DBSCAN_MIN_SAMPLES, check_event_folder, evaluate_folder
+
+    if args.split is not None:
+        raise ValueError("--split: not used with --data (every event of the folder is evaluated)")
+    _check_new_file(args.json, "--json", args.force)
+    check_event_folder(args.data, True, args.detectors)  # before the model and the radius
+    tm = _open_for_data(args)
+    with _one_line_warnings(args.command):
+        eps, source = _resolve_eps(args, tm)
+    print(f"{tm.label} on the TrackML events in {args.data} (one cloud per event, pixel hits) on {tm.device}")
+    print(f"DBSCAN eps {eps:.4g}, min_samples {DBSCAN_MIN_SAMPLES} ({source}); AP@k: pt > {tm.pt_min:g} GeV, K = {tm.K}")
+    with _one_line_warnings("evaluate"):
+        res = evaluate_folder(tm, args.data, eps, args.detectors, log=print)
+    if args.json:
+        write_json(args.json, {"checkpoint": str(args.checkpoint), "model": tm.label, "data": str(args.data),
+                               "detectors": args.detectors, "dbscan_eps": eps, "dbscan_min_samples": DBSCAN_MIN_SAMPLES,
+                               "eps_source": source, "pt_min": tm.pt_min, "K": tm.K, **res})
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from .tasks.trackml_eval import DBSCAN_MIN_SAMPLES, check_event_folder, check_outputs, predict_folder
+
+    check_outputs(args.out, check_event_folder(args.data, False, args.detectors), args.force)
+    tm = _open_for_data(args)
+    with _one_line_warnings(args.command):
+        eps, source = _resolve_eps(args, tm)
+    print(f"{tm.label} on the TrackML events in {args.data} (one cloud per event, pixel hits) on {tm.device}")
+    print(f"DBSCAN eps {eps:.4g}, min_samples {DBSCAN_MIN_SAMPLES} ({source})")
+    with _one_line_warnings("predict"):
+        written = predict_folder(tm, args.data, args.out, eps, args.detectors, args.force, log=print)
+    print(f"wrote {len(written)} files to {args.out}")
     return 0
 
 
@@ -431,6 +557,59 @@ def _config_args(p: argparse.ArgumentParser, config_help: str) -> None:
                    help="CPU threads for torch (default: torch's choice; use 1 on a busy shared machine)")
 
 
+_EPS_HELP = (
+    "DBSCAN radius for track building: a number, or 'auto'. Default: for a run checkpoint, auto = chosen on "
+    "the run's validation split by the TrackML score (as evaluate --split test does); for a reference "
+    "checkpoint {eps} -- the best TrackML score of hept-tracking-60k on a public real TrackML event (548 "
+    "particles) overlaid 20 times, rotated in phi, to the density of a Tracking-60k event (55,660 pixel hits; "
+    "best 0.53 and 0.56 for two overlays); the best radius shrinks as events get denser (1.0 for the sparse "
+    "event alone). auto with a reference checkpoint needs --eps-data. Never chosen on the evaluated events "
+    "unless --eps-data names them.")
+
+_EVALUATE_HELP = """Evaluate a checkpoint.
+
+  pointformers evaluate --checkpoint runs/x/best.pt --split test
+      every metric of the run's task on its generated split (tracking: DBSCAN radius chosen on val)
+  pointformers evaluate --checkpoint hept-tracking-60k --data FOLDER [--json FILE]
+      the shipped HEPT model (or --checkpoint PATH: an authors' state_dict, or a run's best.pt) on
+      every labelled TrackML event in FOLDER, one cloud per event (pixel volumes 7, 8, 9 only).
+      Per event and overall: AP@k, precision@K, recall@K (queries: reconstructable hits with
+      pT > task.pt_min, 0.9 GeV for reference checkpoints; K = 19; overall = mean over events with a query hit, as the task averages
+      clouds), the TrackML score of DBSCAN track candidates (min_samples 2; official truth
+      weights; overall = mean over events, as the challenge averages them), the number of
+      tracks and the seconds per event. --json FILE: the same numbers (null for n/a).
+"""
+
+_PREDICT_HELP = """Run a tracking checkpoint on unlabelled TrackML events (hits and cells only).
+
+  pointformers predict --checkpoint hept-tracking-60k --data FOLDER --out OUTDIR
+
+Only pixel hits (volumes 7, 8, 9) are read; each event is one cloud. Per event <name> it writes,
+atomically (temporary file, then rename), and refusing to overwrite without --force:
+  OUTDIR/<name>-tracks.csv       hit_id,track_id -- one line per pixel hit, in the hits file's
+                                 order (TrackML submission columns). Every hit has a track id
+                                 >= 1: 1..C are DBSCAN clusters (2+ hits), C+1.. are one-hit
+                                 tracks, one per hit DBSCAN left unassigned.
+  OUTDIR/<name>-embeddings.npz   hit_id int64 (N,), embedding float32 (N, 12) (HEPT's 12-d
+                                 output; (N, d) for other models), track_id int64 (N,) as in
+                                 the CSV, dbscan_eps float64 (); same row order.
+"""
+
+
+def _data_args(p: argparse.ArgumentParser, data_help: str, required: bool) -> None:
+    from .tasks.trackml_eval import REFERENCE_EPS
+
+    p.add_argument("--data", default=None, required=required, metavar="FOLDER", help=data_help)
+    p.add_argument("--detectors", default=None, metavar="FILE",
+                   help="TrackML detectors.csv (default: detectors.csv or .csv.gz in FOLDER, then in its parent; "
+                        "without one the cluster features fall back to nominal values, with a warning)")
+    p.add_argument("--eps", default=None, metavar="EPS|auto", help=_EPS_HELP.format(eps=REFERENCE_EPS))
+    p.add_argument("--eps-data", default=None, metavar="FOLDER",
+                   help="labelled TrackML events (not the evaluated ones) to choose --eps auto on")
+    p.add_argument("--device", default=None,
+                   help="auto, cpu, cuda or cuda:K (default: auto; a run checkpoint's train.device)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pointformers", description="Efficient transformers for large point clouds.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -448,11 +627,32 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue exactly from OUT/last.pt")
     t.set_defaults(func=cmd_train)
 
-    e = sub.add_parser("evaluate", help="evaluate a checkpoint on a split, printing every metric of the task")
-    e.add_argument("--checkpoint", required=True, help="best.pt / last.pt written by train or demo")
+    e = sub.add_parser("evaluate", help="evaluate a checkpoint on a split, or on a folder of TrackML events",
+                       description=_EVALUATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("--checkpoint", required=True,
+                   help="best.pt / last.pt written by train or demo; with --data also a reference checkpoint: "
+                        "hept-tracking-60k (shipped) or a file holding an authors' HEPT state_dict")
     _config_args(e, "YAML config (default: the one stored in the checkpoint)")
-    e.add_argument("--split", default="test", choices=("train", "val", "test"))
+    e.add_argument("--split", default=None, choices=("train", "val", "test"),
+                   help="generated split of the checkpoint's config to evaluate (default: test; not with --data)")
+    _data_args(e, "folder of labelled TrackML events (hits, cells, truth, particles; .csv or .csv.gz): "
+                  "AP@k and TrackML score per event and overall", required=False)
+    e.add_argument("--json", default=None, metavar="FILE", help="also write every number to this JSON file")
+    e.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     e.set_defaults(func=cmd_evaluate)
+
+    pr = sub.add_parser("predict", help="run a tracking checkpoint on unlabelled TrackML events: per-hit "
+                                        "embeddings and track ids",
+                        description=_PREDICT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pr.add_argument("--checkpoint", required=True,
+                    help="hept-tracking-60k (shipped), an authors' HEPT state_dict file, or a tracking run's best.pt")
+    _config_args(pr, "YAML config of a run checkpoint (default: the one stored in it)")
+    _data_args(pr, "folder of TrackML events: <event>-hits.csv and <event>-cells.csv (.csv.gz too); "
+                   "truth and particles files are not needed and not read", required=True)
+    pr.add_argument("--out", required=True, metavar="OUTDIR",
+                    help="folder for <event>-tracks.csv and <event>-embeddings.npz (created if needed)")
+    pr.add_argument("--force", action="store_true", help="overwrite existing output files (default: refuse)")
+    pr.set_defaults(func=cmd_predict)
 
     g = sub.add_parser("generate", help="generate (or read) a config's data set and write its caches")
     _config_args(g, "YAML config (default: the demo's)")

@@ -18,11 +18,11 @@ CLUSTER_FEATURES = ("charge_frac", "leta", "lphi", "lx", "ly", "lz", "geta", "gp
 #: Fields with one row per hit (the optional truth-at-hit fields may be ``None``).
 HIT_FIELDS = (
     "hit_id", "x", "y", "z", "volume_id", "layer_id", "module_id", "cells", "particle_id", "weight",
-    "tx", "ty", "tz", "tpx", "tpy", "tpz",
+    "tx", "ty", "tz", "tpx", "tpy", "tpz", "sector_own", "particle_layers",
 )
 #: Fields with one row per particle.
 PARTICLE_FIELDS = ("particles_id", "vx", "vy", "vz", "px", "py", "pz", "q", "nhits")
-_OPTIONAL_HIT_FIELDS = ("tx", "ty", "tz", "tpx", "tpy", "tpz")
+_OPTIONAL_HIT_FIELDS = ("tx", "ty", "tz", "tpx", "tpy", "tpz", "sector_own", "particle_layers")
 
 
 @dataclass
@@ -39,6 +39,16 @@ class TrackingEvent:
             event (or cloud) for generated data; as read from file for TrackML data.
         tx, ty, tz, tpx, tpy, tpz: optional float32 true position [mm] and true momentum
             [GeV] of the particle at the hit (TrackML truth columns); ``None`` when unknown.
+        sector_own: optional bool, set on φ-sector clouds
+            (:func:`pointformers.data.tracking.split_sectors`): True for the hits of a particle
+            the sector owns (at least half of the particle's hits in the event lie in the
+            sector's plain wedge), False for noise and for hits of other particles that lie in
+            the extended wedge (the HEPT authors' per-hit ``sector`` is the sector id where
+            this is True and -1 elsewhere); ``None`` for whole events.
+        particle_layers: optional int64, set on φ-sector clouds: number of distinct layers
+            the hit's particle hit in the whole event (0 for noise; the authors'
+            ``n_layers_hit``); :attr:`reconstructable` uses it, so a particle cut by a sector
+            boundary keeps its whole-event status. ``None`` for whole events.
     Particle arrays, shape ``(p,)``:
         particles_id (int64), vx, vy, vz [mm] and px, py, pz [GeV] at production (float32),
         q (int64 charge), nhits (int64 number of hits the particle left).
@@ -73,6 +83,8 @@ class TrackingEvent:
     tpx: np.ndarray | None = None
     tpy: np.ndarray | None = None
     tpz: np.ndarray | None = None
+    sector_own: np.ndarray | None = None
+    particle_layers: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = int(np.shape(self.x)[0])
@@ -162,9 +174,15 @@ class TrackingEvent:
 
     @property
     def reconstructable(self) -> np.ndarray:
-        """True for hits of a particle (id > 0) that left hits on at least 3 distinct layers."""
+        """True for hits of a particle (id > 0) that left hits on at least 3 distinct layers.
+
+        Layers are counted over the whole event when :attr:`particle_layers` is set (sector
+        clouds, as the HEPT authors count them), else over this event's hits.
+        """
         pid = self.particle_id
         real = pid > 0
+        if self.particle_layers is not None:
+            return real & (np.asarray(self.particle_layers) >= 3)
         out = np.zeros(self.num_hits, dtype=bool)
         if not real.any():
             return out
@@ -217,8 +235,8 @@ def pack_events(events: Sequence[TrackingEvent]) -> dict[str, np.ndarray]:
     """Concatenate events into flat arrays (for ``np.savez``; no pickling needed).
 
     Returns per-field concatenations plus ``hit_offsets``/``particle_offsets`` ``(len+1,)``,
-    ``event_ids``/``sectors`` ``(len,)``. Optional truth-at-hit fields are stored only when
-    every event has them.
+    ``event_ids``/``sectors`` ``(len,)``. Optional per-hit fields (truth at hit,
+    ``sector_own``, ``particle_layers``) are stored only when every event has them.
     """
     out: dict[str, np.ndarray] = {}
     out["hit_offsets"] = np.concatenate([[0], np.cumsum([e.num_hits for e in events])]).astype(np.int64)

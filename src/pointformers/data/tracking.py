@@ -27,21 +27,29 @@ What is simulated (see ``specs/synthetic-data.md`` §1):
 * Cluster shape (TrackML "cell features"): a straight segment through a 150 µm sensor along
   the true local direction is digitised on a 50 × 56.25 µm pixel grid with a random offset
   and diffusion jitter, giving the cluster extents ``n_u, n_v`` (pixels). As TrackML's
-  preprocessing does, ``lx = n_u·pitch_u``, ``ly = n_v·pitch_v``, ``lz = thickness``;
+  preprocessing does, ``lx = n_u·pitch_u``, ``ly = n_v·pitch_v``, ``lz = 2·module_t``
+  (= 0.30 mm, TrackML's ``module_t`` being 0.15 mm for every pixel module);
   ``leta``/``lphi`` are the pseudorapidity/azimuth of (lx, ly, lz) in the module frame and
-  ``geta``/``gphi`` of the same vector rotated to global coordinates; ``charge_frac`` is the
-  fraction of the cluster charge in its highest pixel (noisy, >= 1/n_pixels). Noise hits
-  get the same digitisation of a random direction. The writer in
-  :mod:`pointformers.data.trackml` turns these into cells that the reader maps back exactly.
+  ``geta``/``gphi`` of the same vector rotated to global coordinates (:func:`cluster_features`).
+  ``charge_frac`` is, as in the HEPT/Exa.TrkX preprocessing, the *mean cell value* of the
+  cluster, Σ value / number of cells, where a TrackML cell's ``value`` is the geometric path
+  length [mm] of the track in that pixel: here the path length through the sensor
+  (``thickness / |cos α|``, α the angle to the module normal, capped with the extents)
+  divided by ``n_u + n_v − 1``, the number of pixels a straight segment spanning
+  ``n_u × n_v`` pixels crosses. It is deterministic given the extents and the direction
+  (TrackML's digitisation has no charge fluctuations). Noise hits get the same digitisation
+  of a random direction. The writer in :mod:`pointformers.data.trackml` turns these into
+  ``n_u + n_v − 1`` cells of value ``charge_frac`` each, which the reader maps back exactly.
 * Truth weights (TrackML-like, simplified; the official table is not reproduced): hits of
   particles with fewer than 4 hits and noise hits weigh 0; otherwise
   w = w_pT · w_order with w_pT = 0.2 below 0.5 GeV rising linearly to 1 at 1 GeV, and
   w_order = 2 for the first and last hit of the track, 1 in between; normalised to sum to 1
-  over the event (and again over each φ-sector cloud).
+  over the event; in a φ-sector cloud, hits of particles the sector does not own weigh 0 and
+  the rest are renormalised to sum to 1 over the cloud (:func:`split_sectors`).
 
 Public API: :class:`TrackingParams`, :data:`PRESETS`, :func:`preset_params`,
-:func:`generate_event`, :func:`simulate_event` (hand-made particles), :func:`split_sectors`,
-:func:`generate_clouds`, :func:`load_tracking_dataset`; geometry helpers
+:func:`generate_event`, :func:`simulate_event` (hand-made particles), :func:`split_sectors`
+(with :func:`sector_slope`, :func:`sector_wedges`), :func:`generate_clouds`, :func:`load_tracking_dataset`; geometry helpers
 :data:`GEOMETRY`, :func:`module_table`, :func:`module_axes`, :func:`cluster_features`.
 """
 from __future__ import annotations
@@ -59,9 +67,18 @@ from .cache import (cache_path, cached_arrays, default_cache_dir, finite_param, 
 from .event import CLUSTER_FEATURES, TrackingEvent, empty_event, pack_events, unpack_events
 
 #: Bump when the generator's output for given parameters changes (invalidates caches).
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 SPLITS = ("train", "val", "test")
+
+#: Default extended-wedge options of :func:`split_sectors` / :class:`TrackingParams`: the HEPT
+#: authors' ``PointCloudBuilder`` class defaults (``sector_ds=1.1, sector_di=1e-4``), with which
+#: their 10-sector Tracking-6k clouds were cut; their checked-in ``build_point_clouds.py`` passes
+#: ``sector_ds=1.3, sector_di=0`` for whole events (one sector, where they have no effect).
+SECTOR_DS = 1.1
+SECTOR_DI = 1e-4
+#: Choices of the plain wedge's slope (see :func:`split_sectors`).
+SECTOR_SLOPES = ("auto", "arctan", "tan")
 
 
 # ============================================================================ geometry
@@ -75,7 +92,8 @@ class PixelGeometry:
     disk_z: tuple[float, ...] = (600.0, 700.0, 820.0, 960.0, 1100.0, 1300.0, 1500.0)
     disk_rmin: float = 30.0
     disk_rmax: float = 175.0
-    thickness: float = 0.15  # silicon; TrackML's module_t is half of it
+    thickness: float = 0.15  # silicon depth the simulated clusters cross
+    module_t: float = 0.15  # TrackML detectors.csv ``module_t`` (every pixel module); lz = 2·module_t
     pitch_u: float = 0.05
     pitch_v: float = 0.05625
     envelope_r: float = 200.0  # leaving this transverse radius ends the track
@@ -232,44 +250,95 @@ def module_table(geo: PixelGeometry = GEOMETRY) -> dict[str, np.ndarray]:
         "module_id": t["module_id"].astype(np.int64),
         "cx": t["cx"], "cy": t["cy"], "cz": t["cz"],
         "rot": module_axes(t["is_disk"], t["phi_c"]),
-        "module_t": np.full(m, geo.thickness / 2), "module_minhu": t["hu"], "module_maxhu": t["hu"],
+        "module_t": np.full(m, geo.module_t), "module_minhu": t["hu"], "module_maxhu": t["hu"],
         "module_hv": t["hv"], "pitch_u": np.full(m, geo.pitch_u), "pitch_v": np.full(m, geo.pitch_v),
     }
 
 
 def cluster_features(lx: np.ndarray, ly: np.ndarray, lz: np.ndarray, charge_frac: np.ndarray, axes: np.ndarray) -> np.ndarray:
-    """TrackML-style cluster-shape features ``(n, 8)`` in :data:`CLUSTER_FEATURES` order.
+    """TrackML cluster-shape features ``(n, 8)`` in :data:`CLUSTER_FEATURES` order.
+
+    The formulas of the HEPT / Exa.TrkX preprocessing of real TrackML files, evaluated the
+    same way in float64 and rounded to float32 once at the end:
+
+    * ``charge_frac`` — passed through: the mean cell value Σ value / number of cells [mm of
+      path length per pixel] (not a fraction, despite its name);
+    * ``lx = n_u·pitch_u``, ``ly = n_v·pitch_v`` [mm], with ``n_u = max ch0 − min ch0 + 1``
+      and ``n_v = max ch1 − min ch1 + 1`` the cluster's extents in pixels;
+      ``lz = 2·module_t`` [mm] (0.30 for every TrackML pixel module);
+    * ``leta = −ln tan(θ/2)``, θ = arccos(lz / |l|), and ``lphi = atan2(ly, lx)`` [rad]:
+      pseudorapidity and azimuth of the unsigned local vector l = (lx, ly, lz);
+    * ``geta``, ``gphi``: the same for ``g = R·l``, l rotated to global coordinates by the
+      module's rotation matrix R (``rot_xu … rot_zw``).
+
+    Rows whose vector l is zero (hits without cells) get ``leta = lphi = geta = gphi = 0``.
+    All 8 enter the model unscaled, as columns 6–13 of the 15 model inputs of
+    :func:`pointformers.tasks.tracking.tracking_inputs`; the others are r/1000 (r = √(x²+y²)
+    in mm), φ/π (φ = atan2(y, x)), z/1000 (mm), eta_rz = −ln tan(θ/2) with θ = atan2(r, z),
+    u·1000 and v·1000 (u = x/(x²+y²), v = y/(x²+y²) in mm⁻¹), and layer/10 (the index 0–17 of
+    (volume_id, layer_id) among the sorted pixel layers). The table is in
+    :mod:`pointformers.data.trackml`.
 
     Args:
-        lx, ly, lz: cluster extent along the module's u, v, w axes [mm], ``(n,)``
-            (TrackML preprocessing: n_u·pitch_u, n_v·pitch_v, 2·module_t).
-        charge_frac: ``(n,)``.
-        axes: module frames ``(n, 3, 3)`` (columns u, v, w in global coordinates).
+        lx, ly, lz: cluster extent along the module's u, v, w axes [mm], ``(n,)``.
+        charge_frac: mean cell value ``(n,)``.
+        axes: module frames ``(n, 3, 3)`` (columns u, v, w in global coordinates: TrackML's
+            rotation matrix, row = global axis).
     """
-    lx, ly, lz = (np.asarray(a, np.float64) for a in (lx, ly, lz))
-    leta = np.arcsinh(lz / np.maximum(np.hypot(lx, ly), 1e-12))
-    lphi = np.arctan2(ly, lx)
-    g = np.einsum("nij,nj->ni", np.asarray(axes, np.float64), np.stack([lx, ly, lz], 1))
-    geta = np.arcsinh(g[:, 2] / np.maximum(np.hypot(g[:, 0], g[:, 1]), 1e-12))
-    gphi = np.arctan2(g[:, 1], g[:, 0])
+    lx, ly, lz = (np.asarray(a, np.float64).reshape(-1) for a in (lx, ly, lz))
+    charge_frac = np.asarray(charge_frac, np.float64).reshape(-1)
+    axes = np.asarray(axes, np.float64)
+    n = len(lx)
+    if not (len(ly) == len(lz) == len(charge_frac) == n) or axes.shape != (n, 3, 3):
+        raise ValueError(f"cluster_features: expected lx, ly, lz, charge_frac of shape ({n},) and axes ({n}, 3, 3), "
+                         f"got {len(ly)}, {len(lz)}, {len(charge_frac)} and {axes.shape}")
+    local = np.stack([lx, ly, lz], 1)
+    glob = np.matmul(axes, local[:, :, None])[:, :, 0]  # R · (lx, ly, lz)
+    leta, lphi = _eta_phi(local)
+    geta, gphi = _eta_phi(glob)
     return np.stack([charge_frac, leta, lphi, lx, ly, lz, geta, gphi], 1).astype(np.float32)
 
 
+def _eta_phi(vec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pseudorapidity −ln tan(θ/2), θ = arccos(z/|v|), and azimuth atan2(y, x) of rows ``(n, 3)``.
+
+    Evaluated literally as the TrackML cell-feature code does (so that float64 results match
+    it bit for bit); zero vectors give (0, 0).
+    """
+    x, y, z = vec[:, 0], vec[:, 1], vec[:, 2]
+    r3 = np.sqrt(x ** 2 + y ** 2 + z ** 2)
+    nonzero = r3 > 0
+    with np.errstate(divide="ignore"):
+        theta = np.arccos(z / np.where(nonzero, r3, 1.0))
+        eta = -np.log(np.tan(0.5 * theta))
+    phi = np.arctan2(y, x)
+    return np.where(nonzero, eta, 0.0), np.where(nonzero, phi, 0.0)
+
+
 def _digitise(d_local: np.ndarray, rng: np.random.Generator, geo: PixelGeometry) -> tuple[np.ndarray, ...]:
-    """Cluster extents (pixels) and charge fraction of straight segments ``(n, 3)`` (local dir)."""
+    """Cluster extents ``n_u, n_v`` (pixels) and mean cell value of straight segments.
+
+    ``d_local`` ``(n, 3)``: unit directions in the module frame. The mean cell value
+    (``charge_frac``, TrackML units: mm of path per pixel) is the segment's path length through
+    the sensor, ``thickness / |cos α|`` (its projections capped like the extents), shared
+    evenly by the ``n_u + n_v − 1`` pixels a straight segment spanning ``n_u × n_v`` pixels
+    crosses (what :func:`pointformers.data.trackml.write_trackml_event` writes as cells).
+    """
     n = len(d_local)
     dw = np.maximum(np.abs(d_local[:, 2]), 1e-6)
     # Projection of the path through the sensor onto u and v, in pixels.
     lu = np.abs(d_local[:, 0]) / dw * geo.thickness / geo.pitch_u
     lv = np.abs(d_local[:, 1]) / dw * geo.thickness / geo.pitch_v
     cap = geo.max_cluster_pixels
+    lu, lv = np.minimum(lu, cap), np.minimum(lv, cap)
     # A segment of length l pixels starting at a uniform offset covers floor(U + l) + 1
     # pixels; the Gaussian term models charge diffusion / threshold effects.
-    n_u = np.floor(rng.random(n) + np.minimum(lu, cap) + rng.normal(0, 0.15, n)).astype(np.int64) + 1
-    n_v = np.floor(rng.random(n) + np.minimum(lv, cap) + rng.normal(0, 0.15, n)).astype(np.int64) + 1
+    n_u = np.floor(rng.random(n) + lu + rng.normal(0, 0.15, n)).astype(np.int64) + 1
+    n_v = np.floor(rng.random(n) + lv + rng.normal(0, 0.15, n)).astype(np.int64) + 1
     n_u, n_v = np.clip(n_u, 1, cap), np.clip(n_v, 1, cap)
-    n_pix = np.maximum(n_u, n_v)
-    charge_frac = np.minimum(1.0, (1.0 + rng.exponential(0.3, n)) / n_pix)
+    # Path length [mm] = thickness / |cos α| when uncapped; TrackML's cell value is the path in the pixel.
+    path = np.sqrt((lu * geo.pitch_u) ** 2 + (lv * geo.pitch_v) ** 2 + geo.thickness ** 2)
+    charge_frac = path / (n_u + n_v - 1)
     return n_u, n_v, charge_frac
 
 
@@ -294,6 +363,10 @@ class TrackingParams:
         multiple_scattering: kick the direction at each crossed surface.
         x_over_x0: material per surface, in radiation lengths.
         max_turns: a particle is stopped after this many full transverse turns.
+        sector_ds, sector_di, sector_slope: the extended φ-sectors' slope factor, intercept
+            [mm⁻¹] and plain-wedge slope rule (``ds``, ``di``, ``slope`` of
+            :func:`split_sectors`). Defaults 1.1 / 1e-4 / "auto": the HEPT authors'
+            ``PointCloudBuilder`` defaults (their build script passes 1.3 / 0 for whole events).
     """
 
     mu: float = 200.0
@@ -313,6 +386,9 @@ class TrackingParams:
     multiple_scattering: bool = True
     x_over_x0: float = 0.02
     max_turns: float = 1.0
+    sector_ds: float = SECTOR_DS
+    sector_di: float = SECTOR_DI
+    sector_slope: str = "auto"
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -348,6 +424,10 @@ class TrackingParams:
             bad("split", "expected three non-negative fractions summing to 1")
         object.__setattr__(self, "split", split)
         object.__setattr__(self, "multiple_scattering", bool(self.multiple_scattering))
+        sector_slope(self.n_sectors, self.sector_ds, self.sector_di, self.sector_slope,
+                     names=("n_sectors", "sector_ds", "sector_di", "sector_slope"))
+        object.__setattr__(self, "sector_ds", float(self.sector_ds))
+        object.__setattr__(self, "sector_di", float(self.sector_di))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON view (used for the cache key)."""
@@ -644,7 +724,7 @@ def simulate_event(
     sw = np.sqrt(1 - cw ** 2)
     d_local[m:] = np.stack([sw * np.cos(az), sw * np.sin(az), cw], 1)
     n_u, n_v, cfrac = _digitise(d_local, rng, geo)
-    cells = cluster_features(n_u * geo.pitch_u, n_v * geo.pitch_v, np.full(len(n_u), geo.thickness), cfrac, axes)
+    cells = cluster_features(n_u * geo.pitch_u, n_v * geo.pitch_v, np.full(len(n_u), 2 * geo.module_t), cfrac, axes)
 
     # Particle table and truth weights.
     p_pt = np.hypot(particles.px, particles.py)
@@ -687,51 +767,140 @@ def generate_event(params: TrackingParams | str | Mapping[str, Any], seed: int, 
 
 
 # ============================================================================ sectors
-def split_sectors(event: TrackingEvent, n_sectors: int) -> list[TrackingEvent]:
-    """Cut an event into ``n_sectors`` equal φ-sectors, HEPT's "extended sector" way.
+def sector_slope(n_sectors: int, ds: float = SECTOR_DS, di: float = SECTOR_DI, slope: str = "auto",
+                 names: tuple[str, str, str, str] = ("n_sectors", "ds", "di", "slope")) -> float:
+    """Validate the sector options of :func:`split_sectors` and return the plain wedge's slope.
 
-    Sector k covers φ ∈ [-π + k·2π/n, -π + (k+1)·2π/n). A particle belongs to the sector
-    holding at least half of its hits — precisely, the sector with most of its hits, ties
-    going to the sector of its innermost hit (so a particle split 2/2/1 still lands in one
-    sector) — and all its hits go with it, so hits may lie slightly outside their sector's
-    nominal range. Particles without hits follow their momentum azimuth; noise hits their
-    position. Truth weights are renormalised to sum to 1 in each cloud. ``n_sectors = 1``
-    returns the whole event unchanged.
+    ``"arctan"``: ``arctan(π/n)`` (the authors' code); ``"tan"``: ``tan(π/n)`` (wedges that
+    tile the circle; ``inf``, a half plane, for ``n = 2``); ``"auto"``: ``"arctan"`` when its
+    extended wedges cover every azimuth, i.e. ``ds·arctan(π/n) >= tan(π/n)`` (n >= 5 at
+    ds = 1.3, n >= 9 at ds = 1.1; ``di`` ignored, it only widens the wedge away from the
+    beam), else ``"tan"``. ``names`` are the argument names used in error messages.
+
+    Raises:
+        ValueError: ``n_sectors`` not an integer >= 1, ``ds`` not a finite number >= 1 (the
+            extended wedge must contain the plain one), ``di`` not a finite number >= 0,
+            ``slope`` not in :data:`SECTOR_SLOPES`, or ``"arctan"`` leaving azimuth uncovered.
     """
+    n_name, ds_name, di_name, slope_name = names
     if isinstance(n_sectors, bool) or not isinstance(n_sectors, (int, np.integer)) or n_sectors < 1:
-        raise ValueError(f"n_sectors: expected an integer >= 1, got {n_sectors!r}")
+        raise ValueError(f"{n_name}: expected an integer >= 1, got {n_sectors!r}")
+    for name, val, lo in ((ds_name, ds, 1.0), (di_name, di, 0.0)):
+        if (isinstance(val, bool) or not isinstance(val, (int, float, np.integer, np.floating))
+                or not math.isfinite(val) or val < lo):
+            raise ValueError(f"{name}: expected a finite number >= {lo:g}, got {val!r}")
+    if not isinstance(slope, str) or slope not in SECTOR_SLOPES:
+        raise ValueError(f"{slope_name}: expected one of {list(SECTOR_SLOPES)}, got {slope!r}")
+    theta = math.pi / int(n_sectors)
+    tan_slope = math.inf if n_sectors <= 2 else math.tan(theta)
+    arctan_slope = math.atan(theta)
+    covers = n_sectors == 1 or float(ds) * arctan_slope >= tan_slope
+    if slope == "arctan" and not covers:
+        raise ValueError(
+            f"{slope_name}: 'arctan' wedges with {n_name}={n_sectors} and {ds_name}={ds} leave part of the azimuth "
+            f"in no sector (they need {ds_name} >= tan(π/n)/arctan(π/n) = {tan_slope / arctan_slope:.4g}); "
+            "use 'tan' or 'auto'")
+    return arctan_slope if slope == "arctan" or (slope == "auto" and covers) else tan_slope
+
+
+def sector_wedges(x: np.ndarray, y: np.ndarray, sector: int, n_sectors: int, slope: float,
+                  ds: float = SECTOR_DS, di: float = SECTOR_DI) -> tuple[np.ndarray, np.ndarray]:
+    """Membership of hits at ``(x, y)`` [mm] in sector ``sector``'s plain and extended wedges.
+
+    The authors' ``PointCloudBuilder.sector_hits``: conformal ``(u, v) = (x, y)/(x² + y²)``
+    rotated by ``2·sector·θ``, θ = π/n: ``ur = u cos 2sθ − v sin 2sθ``,
+    ``vr = u sin 2sθ + v cos 2sθ`` (so sector s is centred on azimuth −2πs/n). Plain:
+    ``−slope·ur < vr < slope·ur`` and ``ur > 0``; extended: ``−(ds·slope·ur + di) < vr <
+    ds·slope·ur + di`` and ``ur > 0`` (strict inequalities; ``slope`` from
+    :func:`sector_slope`, ``inf`` = the half plane ``ur > 0``). Hits on the beam axis are in
+    no wedge. Returns two bool arrays ``(n,)``.
+    """
+    x = np.asarray(x, np.float64)
+    y = np.asarray(y, np.float64)
+    r2 = x * x + y * y
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u, v = x / r2, y / r2
+        a = 2 * sector * math.pi / n_sectors
+        ur = u * math.cos(a) - v * math.sin(a)
+        vr = u * math.sin(a) + v * math.cos(a)
+        front = ur > 0
+        plain = (vr > -slope * ur) & (vr < slope * ur) & front
+        bound = ds * slope * ur + di
+        extended = (vr > -bound) & (vr < bound) & front
+    return plain, extended
+
+
+def split_sectors(event: TrackingEvent, n_sectors: int, *, ds: float = SECTOR_DS, di: float = SECTOR_DI,
+                  slope: str = "auto") -> list[TrackingEvent]:
+    """Cut an event into ``n_sectors`` overlapping φ-sector clouds as the HEPT authors build Tracking-6k.
+
+    Their ``PointCloudBuilder.sector_hits`` (see :func:`sector_wedges` for the geometry):
+
+    * the cloud of sector s holds **every** hit inside its extended wedge (half-width
+      ``ds·slope·ur + di`` in the rotated conformal plane) whatever it belongs to: hits of
+      any particle and noise. Neighbouring clouds overlap, so a hit may lie in two clouds;
+    * a particle is one of the sector's **own** particles when at least half of its hits,
+      counted over the whole event, lie in the plain wedge (half-width ``slope·ur``). A
+      particle may be own in two sectors (exactly half in each) or in none (its hits spread
+      over the gaps between plain wedges or over three sectors);
+    * ``slope = arctan(π/n)`` in the authors' code (the arctangent, not the tangent: its
+      plain wedges are narrower than 2π/n and leave gaps, e.g. 0.296 rad of each 0.314 rad
+      half-sector at n = 10, which the extended wedges close). For small n those gaps stay
+      open (at n = 2 the arctan wedges span ±45° of each half), so ``slope="auto"`` (default)
+      uses arctan whenever its extended wedges cover the circle — always for Tracking-6k's
+      n = 10 — and ``tan(π/n)`` (exact tiling; half planes at n = 2) otherwise;
+      ``"arctan"``/``"tan"`` force one (``"arctan"`` refuses a cover with gaps).
+    * ``ds`` / ``di``: the extended wedge's slope factor and intercept [mm⁻¹]. Defaults
+      :data:`SECTOR_DS` = 1.1 and :data:`SECTOR_DI` = 1e-4, the authors' ``PointCloudBuilder``
+      defaults (Tracking-6k); their ``build_point_clouds.py`` passes ``sector_ds=1.3, sector_di=0``.
+
+    Per cloud (``sector`` = s): the hits in event order; the particle table of every particle
+    with a hit in the cloud (own or not; particles without hits are in no cloud), ``nhits``
+    still the whole-event count; ``sector_own`` per hit (True for hits of own particles,
+    False for other particles' hits and noise: the authors set their per-hit ``sector`` to
+    -1 there) and ``particle_layers`` (distinct layers of the hit's particle in the whole
+    event, so :attr:`~.event.TrackingEvent.reconstructable` is the authors' whole-event
+    flag). The authors' trainer and AP@k ignore ``sector``: every hit of a cloud is labelled by
+    its particle id, hits of non-own particles included, and so does our tracking task.
+    Truth weights: hits of non-own particles weigh 0 (like noise), so each particle is
+    scored by the TrackML score in the sector owning it; the rest are renormalised to sum to
+    1 over the cloud (left at 0 when the cloud owns no weight). ``n_sectors = 1`` returns the
+    whole event unchanged.
+
+    Raises:
+        ValueError: bad ``n_sectors``, ``ds``, ``di`` or ``slope`` (see :func:`sector_slope`).
+    """
+    k = sector_slope(n_sectors, ds, di, slope)
     if n_sectors == 1:
         return [event]
-    width = 2 * np.pi / n_sectors
-
-    def sector_of(phi: np.ndarray) -> np.ndarray:
-        return np.clip(np.floor((phi + np.pi) / width), 0, n_sectors - 1).astype(np.int64)
-
-    hit_sec = sector_of(event.phi.astype(np.float64))
+    pid = np.asarray(event.particle_id, np.int64)
+    ids, inv = np.unique(pid, return_inverse=True)
+    inv = inv.reshape(-1)
+    n_of = np.bincount(inv, minlength=len(ids))  # hits per particle id over the whole event
+    real = ids > 0
+    if event.particle_layers is not None:
+        layers = np.asarray(event.particle_layers, np.int64)
+    elif len(pid):
+        pairs = np.unique(np.stack([inv, event.layer_index], 1), axis=0)
+        layers = np.bincount(pairs[:, 0], minlength=len(ids))[inv]
+    else:
+        layers = np.zeros(0, np.int64)
+    layers = np.where(pid > 0, layers, 0).astype(np.int64)
     pidx = event.hit_particle_index
-    P = event.num_particles
-    part_sec = sector_of(np.arctan2(event.py, event.px).astype(np.float64))
-    real = np.flatnonzero(pidx >= 0)
-    if len(real):
-        counts = np.bincount(pidx[real] * n_sectors + hit_sec[real], minlength=P * n_sectors).reshape(P, n_sectors)
-        # Innermost hit (smallest distance from the origin) of each particle.
-        dist = (event.r ** 2 + event.z.astype(np.float64) ** 2)[real]
-        o = np.lexsort((dist, pidx[real]))
-        ps = pidx[real][o]
-        first = np.r_[True, ps[1:] != ps[:-1]]
-        inner = np.zeros(P, np.int64)
-        inner[ps[first]] = hit_sec[real][o][first]
-        score = counts * 2 + (np.arange(n_sectors)[None, :] == inner[:, None])
-        has = counts.sum(1) > 0
-        part_sec = np.where(has, np.argmax(score, 1), part_sec)
-    hit_owner = np.where(pidx >= 0, part_sec[np.maximum(pidx, 0)] if P else 0, hit_sec)
+    weight = np.asarray(event.weight, np.float64)
     clouds = []
     for s in range(n_sectors):
-        hm = hit_owner == s
-        cloud = event.subset(hm, part_sec == s, sector=s)
-        total = float(cloud.weight.astype(np.float64).sum())
-        if total > 0:
-            cloud.weight = (cloud.weight.astype(np.float64) / total).astype(np.float32)
+        plain, extended = sector_wedges(event.x, event.y, s, n_sectors, k, float(ds), float(di))
+        in_plain = np.bincount(inv[plain], minlength=len(ids))
+        own = (real & (2 * in_plain >= n_of))[inv]
+        pm = np.zeros(event.num_particles, bool)
+        pm[pidx[extended & (pidx >= 0)]] = True
+        cloud = event.subset(extended, pm, sector=s)
+        cloud.sector_own = own[extended]
+        cloud.particle_layers = layers[extended]
+        w = np.where(cloud.sector_own, weight[extended], 0.0)
+        total = float(w.sum())
+        cloud.weight = (w / total if total > 0 else w).astype(np.float32)
         clouds.append(cloud)
     return clouds
 
@@ -751,7 +920,8 @@ def generate_clouds(
 def _clouds_of_events(params: TrackingParams, events: Sequence[int], seed: int) -> list[TrackingEvent]:
     clouds: list[TrackingEvent] = []
     for e in events:
-        clouds.extend(split_sectors(generate_event(params, seed, event_id=e), params.n_sectors))
+        clouds.extend(split_sectors(generate_event(params, seed, event_id=e), params.n_sectors,
+                                    ds=params.sector_ds, di=params.sector_di, slope=params.sector_slope))
     return clouds
 
 
@@ -808,4 +978,5 @@ __all__ = [
     "TrackingParams", "cluster_features", "detector_surfaces", "empty_event", "generate_clouds", "generate_event",
     "load_tracking_dataset", "locate_modules", "module_axes", "module_table", "preset_params", "resolve_params",
     "sample_particles", "simulate_event", "split_ranges", "split_sectors", "transport",
+    "SECTOR_DI", "SECTOR_DS", "SECTOR_SLOPES", "sector_slope", "sector_wedges",
 ]

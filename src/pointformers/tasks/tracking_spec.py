@@ -3,7 +3,9 @@
 Config sections (defaults: the HEPT authors' tracking settings, spec ``hept.md`` §3.3-§4.4)::
 
     data: {preset: small, seed: 0, cache_dir: null,    # data/tracking.py presets, generated and cached
-           n_events: null}                           # optional: the preset with this many events
+           n_events: null,                           # optional: the preset with this many events
+           sector_ds: null, sector_di: null,         # optional: the φ-sectors' extended-wedge options
+           sector_slope: null}                       # (null = the preset's; see split_sectors)
     task: {name: tracking, similarity: l2_rbf, tau: 0.05, sigma: 0.75, random_pairs: 0.2,
            pt_min: 0.9, radius: 1.0, max_num_neighbors: 256}
 
@@ -11,7 +13,9 @@ Config sections (defaults: the HEPT authors' tracking settings, spec ``hept.md``
 random pairs added each step, ``pt_min`` the AP@k filter (GeV), ``radius`` and
 ``max_num_neighbors`` the (eta, phi) radius graph that labels the training pairs. ``n_events``
 (null = the preset's) keeps every other parameter of the preset and changes only the number of
-generated events, e.g. a shorter ``tracking-6k`` run on fewer 6k-hit clouds. The
+generated events, e.g. a shorter ``tracking-6k`` run on fewer 6k-hit clouds; ``sector_ds``,
+``sector_di``, ``sector_slope`` likewise replace the φ-sector options (the HEPT authors' class
+defaults 1.1, 1e-4 and "auto"; their build script passes ``sector_ds: 1.3, sector_di: 0``). The
 validation metric is ``ap@k`` (maximised). Everything here is glue around
 :mod:`.tracking_training`, :mod:`.tracking` and :mod:`.tracking_display`.
 """
@@ -25,8 +29,12 @@ from .registry import TaskSpec, register_task
 
 __all__ = ["TRACKING_SPEC", "tracking_cache_files"]
 
-_DATA_SCHEMA = {"preset": (str,), "seed": (int,), "cache_dir": (str, None), "n_events": (int, None)}
-_DATA_DEFAULTS = {"preset": "small", "seed": 0, "cache_dir": None, "n_events": None}
+_DATA_SCHEMA = {"preset": (str,), "seed": (int,), "cache_dir": (str, None), "n_events": (int, None),
+                "sector_ds": (float, None), "sector_di": (float, None), "sector_slope": (str, None)}
+_DATA_DEFAULTS = {"preset": "small", "seed": 0, "cache_dir": None, "n_events": None, "sector_ds": None,
+                  "sector_di": None, "sector_slope": None}
+#: data keys that replace the preset's generator parameter of the same name (``sector_*``) or ``n_events``
+_PARAM_KEYS = {"n_events": "n_events", "sector_ds": "sector_ds", "sector_di": "sector_di", "sector_slope": "sector_slope"}
 _TASK_SCHEMA = {"similarity": (str,), "tau": (float,), "sigma": (float,), "random_pairs": (float,),
                 "pt_min": (float,), "radius": (float,), "max_num_neighbors": (int,)}
 _TASK_DEFAULTS = {"similarity": "l2_rbf", "tau": 0.05, "sigma": 0.75, "random_pairs": 0.2, "pt_min": 0.9,
@@ -34,12 +42,14 @@ _TASK_DEFAULTS = {"similarity": "l2_rbf", "tau": 0.05, "sigma": 0.75, "random_pa
 
 
 def data_params(d: Mapping[str, Any]):
-    """What the generator gets for a data section: the preset name, or its parameters with ``n_events`` replaced."""
-    if d.get("n_events") is None:
+    """What the generator gets for a data section: the preset name, or its parameters with the
+    section's ``n_events`` / ``sector_*`` values replaced."""
+    changes = {param: d[key] for key, param in _PARAM_KEYS.items() if d.get(key) is not None}
+    if not changes:
         return d["preset"]
     from ..data.tracking import resolve_params
 
-    return resolve_params(d["preset"]).replace(n_events=d["n_events"])
+    return resolve_params(d["preset"]).replace(**changes)
 
 
 def _build(cfg: Mapping[str, Any]):
@@ -59,6 +69,14 @@ def _validate(cfg: Mapping[str, Any]) -> None:
         raise ValueError(f"data.seed: must be >= 0, got {d['seed']}")
     if d.get("n_events") is not None and d["n_events"] < 1:
         raise ValueError(f"data.n_events: must be >= 1 (or null for the preset's), got {d['n_events']}")
+    if any(d.get(k) is not None for k in ("sector_ds", "sector_di", "sector_slope")):
+        from ..data.tracking import resolve_params, sector_slope
+
+        p = resolve_params(d["preset"])
+        sector_slope(p.n_sectors, p.sector_ds if d.get("sector_ds") is None else d["sector_ds"],
+                     p.sector_di if d.get("sector_di") is None else d["sector_di"],
+                     p.sector_slope if d.get("sector_slope") is None else d["sector_slope"],
+                     names=("data.n_sectors", "data.sector_ds", "data.sector_di", "data.sector_slope"))
     try:
         _build(cfg)
     except ValueError as exc:
@@ -93,7 +111,7 @@ def tracking_cache_files(cfg: Mapping[str, Any], splits: Sequence[str]) -> list[
     d = cfg["data"]
     root = Path(d["cache_dir"]) if d["cache_dir"] is not None else default_cache_dir()
     params = resolve_params(data_params(d))
-    name = d["preset"] if d.get("n_events") is None else "custom"
+    name = d["preset"] if data_params(d) == d["preset"] else "custom"
     out = []
     for split in splits:
         load_tracking_dataset(data_params(d), split, cache_dir=d["cache_dir"], seed=d["seed"])
