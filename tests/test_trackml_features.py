@@ -170,14 +170,19 @@ def test_model_inputs_follow_the_authors_formulas(tmp_path: Path) -> None:
     pixel = [h for h in hits if h[4] != 12]
     available = sorted({(h[4], h[5]) for h in pixel})
     assert len(available) == 18  # every pixel layer: the authors' index then equals the fixed table
+    f32 = np.float32
     for i, h in enumerate(pixel):
-        hx, hy, hz = (float(np.float32(v)) for v in h[1:4])  # positions are float32 in TrackML files
-        r = math.sqrt(hx * hx + hy * hy)
-        exp = [r / 1000, math.atan2(hy, hx) / math.pi, hz / 1000, -math.log(math.tan(math.atan2(r, hz) / 2)),
-               hx / (hx * hx + hy * hy) * 1000, hy / (hx * hx + hy * hy) * 1000]
+        # the authors' arithmetic: float32 positions (TrackML files) and float32 pandas/numpy
+        # operations, float64 divisions by the scales, float32 in the end
+        hx, hy, hz = (f32(v) for v in h[1:4])
+        r = np.sqrt(hx * hx + hy * hy)
+        eta = -np.log(np.tan(np.arctan2(r, hz) / f32(2.0)))
+        raw = [r, np.arctan2(hy, hx), hz, eta, hx / (hx * hx + hy * hy), hy / (hx * hx + hy * hy)]
+        scale = [1000.0, math.pi, 1000.0, 1.0, 1 / 1000.0, 1 / 1000.0]
+        exp = [float(f32(float(a) / b)) for a, b in zip(raw, scale)]
         exp += [float(v) for v in ev.cells[i]]  # the 8 cluster features, unscaled
-        exp += [available.index((h[4], h[5])) / 10]
-        np.testing.assert_allclose(x[i], exp, rtol=1e-12, atol=1e-12)
+        exp += [float(f32(available.index((h[4], h[5]))) / f32(10.0))]
+        np.testing.assert_array_equal(x[i], exp)
 
 
 def test_generated_charge_frac_is_the_path_length_per_crossed_pixel() -> None:

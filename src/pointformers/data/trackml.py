@@ -393,7 +393,10 @@ def _cell_summary(cells: dict[str, np.ndarray], hit_ids: np.ndarray) -> tuple[np
 
     ``n_u = max ch0 − min ch0 + 1``, ``n_v = max ch1 − min ch1 + 1`` (0 for a hit without
     cells); the mean is Σ value / number of cells over the values rounded to float32 (as the
-    TrackML library reads them), summed in float64 (float64 array; 0 without cells).
+    TrackML library reads them), summed in float64 (float64 array; 0 without cells). The
+    authors' pandas code sums float32 cells in float32 (a grouped sum whose rounding depends on
+    the pandas version): on a real event 9 % of hits with ≥ 3 cells then differ by 1–2 float32
+    ulps (≤ 1.5e-8); one- and two-cell clusters agree exactly.
     """
     n = len(hit_ids)
     n_u = np.zeros(n, np.int64)

@@ -138,17 +138,23 @@ def tracking_inputs(event: TrackingEvent, dtype: torch.dtype = torch.float32) ->
 
     ``x`` columns (:data:`TRACKING_FEATURES`): ``r/1000, φ/π, z/1000, eta_rz, u·1000, v·1000,
     charge_frac, leta, lphi, lx, ly, lz, geta, gphi, layer/10`` with r, z in mm, φ = atan2(y, x),
-    eta_rz = asinh(z/r) (= −log tan(θ/2), θ = atan2(r, z)), conformal u = x/(x²+y²),
-    v = y/(x²+y²) in mm⁻¹ (so u·1000 is in m⁻¹) and ``layer`` from :func:`pixel_layer_index`.
-    ``coords`` = ``[η, φ, r/1000, φ/π, z/1000, eta_rz]``; ``pos`` = ``(η, φ)``.
-    Everything is computed in float64 and cast to ``dtype`` at the end.
+    eta_rz = −log tan(θ/2), θ = atan2(r, z), conformal u = x/(x²+y²), v = y/(x²+y²) in mm⁻¹ (so
+    u·1000 is in m⁻¹) and ``layer`` from :func:`pixel_layer_index`.
+    ``coords`` = ``[η, φ, r/1000, φ/π, z/1000, eta_rz]`` with η = eta_rz; ``pos`` = ``(η, φ)``.
+
+    The arithmetic is the HEPT authors' preprocessing, operation by operation, so that a model
+    trained on their data gets the same float32 numbers: r, φ, eta_rz, u, v are computed in
+    float32 from the float32 positions (as their pandas code on TrackML's float32 columns), the
+    scales are float64 divisions (r / 1000, φ / π, u / (1/1000), …) rounded to float32, and
+    layer / 10 is a float32 division. ``dtype`` = float64 keeps these float32 values exactly.
     """
     if not isinstance(event, TrackingEvent):
         raise ValueError(f"event: expected a TrackingEvent, got {type(event).__name__}")
     n = event.num_hits
-    x = np.asarray(event.x, dtype=np.float64)
-    y = np.asarray(event.y, dtype=np.float64)
-    z = np.asarray(event.z, dtype=np.float64)
+    f32 = np.float32
+    x = np.asarray(event.x, dtype=f32)
+    y = np.asarray(event.y, dtype=f32)
+    z = np.asarray(event.z, dtype=f32)
     cells = np.asarray(event.cells, dtype=np.float64).reshape(n, -1)
     if cells.shape[1] != len(CLUSTER_FEATURES):
         raise ValueError(f"event.cells: expected shape (n, {len(CLUSTER_FEATURES)}), got {cells.shape}")
@@ -157,13 +163,15 @@ def tracking_inputs(event: TrackingEvent, dtype: torch.dtype = torch.float32) ->
     if n and (r <= 0).any():
         raise ValueError("event.x/y: a hit lies on the beam axis (r = 0); η and u, v are undefined")
     phi = np.arctan2(y, x)
-    eta = np.arcsinh(z / r) if n else np.zeros(0)
-    u = x / r2 if n else np.zeros(0)
-    v = y / r2 if n else np.zeros(0)
+    with np.errstate(divide="ignore"):
+        eta = -np.log(np.tan(np.arctan2(r, z) / f32(2.0))) if n else np.zeros(0, f32)
+    u = x / r2 if n else np.zeros(0, f32)
+    v = y / r2 if n else np.zeros(0, f32)
     layer = pixel_layer_index(event.volume_id, event.layer_id)
 
-    raw = np.concatenate([np.stack([r, phi, z, eta, u, v], axis=1), cells], axis=1)
-    feats = np.concatenate([raw / _FEATURE_SCALE, (layer / 10.0)[:, None]], axis=1)
+    raw = np.concatenate([np.stack([r, phi, z, eta, u, v], axis=1).astype(np.float64), cells], axis=1)
+    scaled = (raw / _FEATURE_SCALE).astype(f32)
+    feats = np.concatenate([scaled, (layer.astype(f32) / f32(10.0))[:, None]], axis=1)
     pos = np.stack([eta, phi], axis=1)
     coords = np.concatenate([pos, feats[:, :4]], axis=1)  # the authors: cat(pos, x[:, :4])
 
