@@ -274,3 +274,16 @@ def test_cli_export_reports_errors(tmp_path, capsys):
     assert export_main(["--checkpoint", str(path), "--format", "torch.export"]) == 2
     err = capsys.readouterr().err
     assert "cannot export attention mechanism 'sampled'" in err
+
+
+def test_shipped_checkpoint_name_loads_for_export_with_masked_padding():
+    from pointformers.export import load_model
+    from pointformers.export.cli import run
+    import argparse
+
+    model = load_model("hept-tracking-60k")
+    assert model.padding == "mask" and model.in_dim == 15
+    args = argparse.Namespace(checkpoint="hept-tracking-60k", out=None, format="onnx", check=None, group_chunk=None,
+                              threads=None, dtype="float32", opset=20)
+    with pytest.raises(ValueError, match="--out: needed with the shipped checkpoint"):
+        run(args)

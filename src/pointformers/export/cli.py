@@ -26,7 +26,8 @@ _SUFFIX = {"onnx": ".onnx", "torch.export": ".pt2"}
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``export`` options to ``p`` (a subparser or a standalone parser) and set ``func``."""
     p.add_argument("--checkpoint", required=True,
-                   help="training checkpoint (RUN/best.pt) or an authors' HEPT state_dict (.pt)")
+                   help="training checkpoint (RUN/best.pt), an authors' HEPT state_dict (.pt), or the shipped "
+                        "'hept-tracking-60k' (needs --out)")
     p.add_argument("--format", default="onnx", choices=("onnx", "torch.export"),
                    help="onnx (run with onnxruntime) or torch.export (.pt2) (default: onnx)")
     p.add_argument("--out", default=None, help="output file (default: the checkpoint's path with .onnx / .pt2)")
@@ -101,7 +102,12 @@ def run(args: argparse.Namespace) -> int:
 
     from .onnx_export import export_model, load_model
 
-    src = Path(args.checkpoint)
+    from ..models.hept_tracking import REFERENCE_CHECKPOINTS, reference_checkpoint_path
+
+    shipped = args.checkpoint in REFERENCE_CHECKPOINTS
+    src = reference_checkpoint_path(args.checkpoint) if shipped else Path(args.checkpoint)
+    if shipped and not args.out:
+        raise ValueError(f"--out: needed with the shipped checkpoint {args.checkpoint!r} (the package folder is not for outputs)")
     out = Path(args.out) if args.out else src.with_suffix(_SUFFIX[args.format])
     if out.resolve() == src.resolve():
         raise ValueError(f"--out: would overwrite the checkpoint {str(src)!r}")
