@@ -305,6 +305,18 @@ def _resolve_eps(args: argparse.Namespace, tm) -> tuple[float, str]:
     return eps, "given with --eps"
 
 
+def _model_and_radius(args: argparse.Namespace):
+    """The checkpoint opened for ``--data`` and DBSCAN's radius, both announced on stdout."""
+    from .tasks.trackml_eval import DBSCAN_MIN_SAMPLES
+
+    tm = _open_for_data(args)
+    with _one_line_warnings(args.command):
+        eps, source = _resolve_eps(args, tm)
+    print(f"{tm.label} on the TrackML events in {args.data} (one cloud per event, pixel hits) on {tm.device}")
+    print(f"DBSCAN eps {eps:.4g}, min_samples {DBSCAN_MIN_SAMPLES} ({source})")
+    return tm, eps, source
+
+
 def cmd_evaluate_data(args: argparse.Namespace) -> int:
     from .engine import write_json
     from .tasks.trackml_eval import DBSCAN_MIN_SAMPLES, check_event_folder, evaluate_folder
@@ -313,11 +325,8 @@ def cmd_evaluate_data(args: argparse.Namespace) -> int:
         raise ValueError("--split: not used with --data (every event of the folder is evaluated)")
     _check_new_file(args.json, "--json", args.force)
     check_event_folder(args.data, True, args.detectors)  # before the model and the radius
-    tm = _open_for_data(args)
-    with _one_line_warnings(args.command):
-        eps, source = _resolve_eps(args, tm)
-    print(f"{tm.label} on the TrackML events in {args.data} (one cloud per event, pixel hits) on {tm.device}")
-    print(f"DBSCAN eps {eps:.4g}, min_samples {DBSCAN_MIN_SAMPLES} ({source}); AP@k: pt > {tm.pt_min:g} GeV, K = {tm.K}")
+    tm, eps, source = _model_and_radius(args)
+    print(f"AP@k: pt > {tm.pt_min:g} GeV, K = {tm.K}")
     with _one_line_warnings("evaluate"):
         res = evaluate_folder(tm, args.data, eps, args.detectors, log=print)
     if args.json:
@@ -329,14 +338,10 @@ def cmd_evaluate_data(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from .tasks.trackml_eval import DBSCAN_MIN_SAMPLES, check_event_folder, check_outputs, predict_folder
+    from .tasks.trackml_eval import check_event_folder, check_outputs, predict_folder
 
     check_outputs(args.out, check_event_folder(args.data, False, args.detectors), args.force)
-    tm = _open_for_data(args)
-    with _one_line_warnings(args.command):
-        eps, source = _resolve_eps(args, tm)
-    print(f"{tm.label} on the TrackML events in {args.data} (one cloud per event, pixel hits) on {tm.device}")
-    print(f"DBSCAN eps {eps:.4g}, min_samples {DBSCAN_MIN_SAMPLES} ({source})")
+    tm, eps, _ = _model_and_radius(args)
     with _one_line_warnings("predict"):
         written = predict_folder(tm, args.data, args.out, eps, args.detectors, args.force, log=print)
     print(f"wrote {len(written)} files to {args.out}")
