@@ -19,7 +19,7 @@ from pointformers.data.trackml import PIXEL_VOLUMES, read_trackml_event, write_t
 from pointformers.models import from_reference_checkpoint
 from pointformers.models.hept_tracking import reference_checkpoint_path
 from pointformers.tasks.track_building import choose_dbscan_eps, dbscan_tracks
-from pointformers.tasks.trackml_eval import REFERENCE_EPS, submission_track_ids
+from pointformers.trackml_eval import REFERENCE_EPS, submission_track_ids
 from pointformers.tasks.trackml_score import trackml_score
 from pointformers.tasks.tracking import ap_at_k, tracking_inputs
 

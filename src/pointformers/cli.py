@@ -1,5 +1,5 @@
 """The ``pointformers`` command: ``demo``, ``train``, ``evaluate``, ``benchmark``, ``generate``,
-``plot``, ``export`` and ``predict`` (TrackML events: :mod:`pointformers.tasks.trackml_eval`).
+``plot``, ``export`` and ``predict`` (TrackML events: :mod:`pointformers.trackml_eval`).
 
 Configs are YAML files with four sections and an output folder (:mod:`pointformers.engine.config`)::
 
@@ -262,7 +262,7 @@ def _one_line_warnings(command: str):
 def _open_for_data(args: argparse.Namespace):
     """The checkpoint of ``evaluate --data`` / ``predict`` as a TrackingModel."""
     from .models.hept_tracking import is_reference_checkpoint
-    from .tasks.trackml_eval import open_tracking_checkpoint
+    from .trackml_eval import open_tracking_checkpoint
 
     if is_reference_checkpoint(args.checkpoint):
         for opt, val in (("--config", args.config), ("--set", args.set)):
@@ -273,7 +273,7 @@ def _open_for_data(args: argparse.Namespace):
 
 def _resolve_eps(args: argparse.Namespace, tm) -> tuple[float, str]:
     """DBSCAN's radius and where it came from (see the --eps help)."""
-    from .tasks.trackml_eval import REFERENCE_EPS, choose_eps_on_folder, choose_eps_on_validation
+    from .trackml_eval import REFERENCE_EPS, choose_eps_on_folder, choose_eps_on_validation
 
     raw = args.eps
     if args.eps_data is not None:
@@ -307,7 +307,7 @@ def _resolve_eps(args: argparse.Namespace, tm) -> tuple[float, str]:
 
 def _model_and_radius(args: argparse.Namespace):
     """The checkpoint opened for ``--data`` and DBSCAN's radius, both announced on stdout."""
-    from .tasks.trackml_eval import DBSCAN_MIN_SAMPLES
+    from .trackml_eval import DBSCAN_MIN_SAMPLES
 
     tm = _open_for_data(args)
     with _one_line_warnings(args.command):
@@ -319,7 +319,7 @@ def _model_and_radius(args: argparse.Namespace):
 
 def cmd_evaluate_data(args: argparse.Namespace) -> int:
     from .engine import write_json
-    from .tasks.trackml_eval import DBSCAN_MIN_SAMPLES, check_event_folder, evaluate_folder
+    from .trackml_eval import DBSCAN_MIN_SAMPLES, check_event_folder, evaluate_folder
 
     if args.split is not None:
         raise ValueError("--split: not used with --data (every event of the folder is evaluated)")
@@ -338,7 +338,7 @@ def cmd_evaluate_data(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from .tasks.trackml_eval import check_event_folder, check_outputs, predict_folder
+    from .trackml_eval import check_event_folder, check_outputs, predict_folder
 
     check_outputs(args.out, check_event_folder(args.data, False, args.detectors), args.force)
     tm, eps, _ = _model_and_radius(args)
@@ -602,7 +602,7 @@ atomically (temporary file, then rename), and refusing to overwrite without --fo
 
 
 def _data_args(p: argparse.ArgumentParser, data_help: str, required: bool) -> None:
-    from .tasks.trackml_eval import REFERENCE_EPS
+    from .trackml_eval import REFERENCE_EPS
 
     p.add_argument("--data", default=None, required=required, metavar="FOLDER", help=data_help)
     p.add_argument("--detectors", default=None, metavar="FILE",

@@ -59,9 +59,9 @@ from torch import nn
 # The metric and clustering modules (scipy, scikit-learn) are imported where they are used, so
 # that building the command-line parser, which reads REFERENCE_EPS, stays fast.
 if TYPE_CHECKING:
-    from ..data.event import TrackingEvent
-    from .track_building import EpsSelection
-    from .tracking import TrackingInputs
+    from .data.event import TrackingEvent
+    from .tasks.track_building import EpsSelection
+    from .tasks.tracking import TrackingInputs
 
 __all__ = ["REFERENCE_EPS", "DBSCAN_MIN_SAMPLES", "TrackingModel", "open_tracking_checkpoint", "embed_event",
            "choose_eps_on_folder", "choose_eps_on_validation", "evaluate_folder", "predict_folder",
@@ -128,9 +128,9 @@ def open_tracking_checkpoint(checkpoint: str | os.PathLike, device: str | None =
     Raises:
         ValueError naming ``--checkpoint`` for a missing file or a non-tracking run checkpoint.
     """
-    from ..engine import load_checkpoint, model_from_checkpoint
-    from ..engine.distributed import resolve_device
-    from ..models.hept_tracking import REFERENCE_CHECKPOINTS, from_reference_checkpoint, is_reference_checkpoint
+    from .engine import load_checkpoint, model_from_checkpoint
+    from .engine.distributed import resolve_device
+    from .models.hept_tracking import REFERENCE_CHECKPOINTS, from_reference_checkpoint, is_reference_checkpoint
 
     name = os.fspath(checkpoint)
     if not (isinstance(checkpoint, str) and checkpoint in REFERENCE_CHECKPOINTS) and not Path(name).is_file():
@@ -145,7 +145,7 @@ def open_tracking_checkpoint(checkpoint: str | os.PathLike, device: str | None =
     if config_for is not None:
         cfg = config_for(ckpt)
     else:
-        from ..engine.config import load_config
+        from .engine.config import load_config
 
         stored = (ckpt.get("extra") or {}).get("config")
         if not isinstance(stored, Mapping):
@@ -169,7 +169,7 @@ def _out_dim(model: nn.Module) -> int:
 @torch.no_grad()
 def embed_event(tm: TrackingModel, event: TrackingEvent) -> tuple[TrackingInputs, torch.Tensor]:
     """Model inputs and embeddings ``(n, d)`` (CPU float32) of one whole event (one cloud)."""
-    from .tracking import tracking_inputs
+    from .tasks.tracking import tracking_inputs
 
     inp = tracking_inputs(event, dtype=torch.float32)
     if inp.num_hits == 0:
@@ -181,7 +181,7 @@ def embed_event(tm: TrackingModel, event: TrackingEvent) -> tuple[TrackingInputs
 
 # ------------------------------------------------------------------------------ folders
 def _event_names(folder: str | os.PathLike, arg: str) -> list[str]:
-    from ..data.trackml import list_trackml_events
+    from .data.trackml import list_trackml_events
 
     d = Path(folder)
     if not d.exists():
@@ -219,7 +219,7 @@ def _read_events(folder: str | os.PathLike, detectors, truth: bool, arg: str
                  ) -> tuple[list[str], Iterator[tuple[str, TrackingEvent]]]:
     """The event names of ``folder`` and a lazy iterator of ``(name, event)``; everything
     :func:`check_event_folder` checks is checked at once."""
-    from ..data.trackml import read_trackml_events
+    from .data.trackml import read_trackml_events
 
     names = check_event_folder(folder, truth, detectors, arg)
     return names, zip(names, read_trackml_events(folder, detectors=detectors, truth=truth))
@@ -228,7 +228,7 @@ def _read_events(folder: str | os.PathLike, detectors, truth: bool, arg: str
 def choose_eps_on_folder(tm: TrackingModel, folder: str | os.PathLike, detectors=None,
                          arg: str = "--eps-data") -> EpsSelection:
     """The DBSCAN radius maximising the mean TrackML score over the labelled events of ``folder``."""
-    from .track_building import choose_dbscan_eps
+    from .tasks.track_building import choose_dbscan_eps
 
     embs, pids, ws = [], [], []
     _, events = _read_events(folder, detectors, True, arg)
@@ -246,9 +246,9 @@ def choose_eps_on_folder(tm: TrackingModel, folder: str | os.PathLike, detectors
 def choose_eps_on_validation(tm: TrackingModel) -> EpsSelection:
     """The DBSCAN radius a run checkpoint's ``evaluate --split test`` uses: chosen on the run's
     validation split by the TrackML score."""
-    from .registry import get_task
-    from .track_building import choose_dbscan_eps
-    from .tracking_training import TrackingTask, cloud_truth_weights
+    from .tasks.registry import get_task
+    from .tasks.track_building import choose_dbscan_eps
+    from .tasks.tracking_training import TrackingTask, cloud_truth_weights
 
     if tm.cfg is None:
         raise ValueError("--eps: a reference checkpoint has no validation split; pass a number or "
@@ -298,9 +298,9 @@ def evaluate_folder(tm: TrackingModel, folder: str | os.PathLike, eps: float, de
     "trackml_score", "num_tracks", "seconds"}, ...], "overall": {...}}``; ``log`` gets the table
     (header, then one row per event as it is done, then the overall row).
     """
-    from .track_building import dbscan_tracks
-    from .trackml_score import trackml_score, trackml_score_split
-    from .tracking import ap_at_k_split, tracking_metrics_at_k
+    from .tasks.track_building import dbscan_tracks
+    from .tasks.trackml_score import trackml_score, trackml_score_split
+    from .tasks.tracking import ap_at_k_split, tracking_metrics_at_k
 
     names, events = _read_events(folder, detectors, True, "--data")
     header, row_fmt = format_event_table(names)
@@ -365,7 +365,7 @@ def check_outputs(out: str | os.PathLike, names: Sequence[str], force: bool) -> 
 
 def _write_outputs(tracks: Path, npz: Path, hit_id: np.ndarray, emb: np.ndarray, track_id: np.ndarray,
                    eps: float) -> None:
-    from ..engine.checkpoint import atomic_write
+    from .engine.checkpoint import atomic_write
 
     lines = "".join(f"{h},{t}\n" for h, t in zip(hit_id.tolist(), track_id.tolist()))
     atomic_write(tracks, lambda f: f.write(("hit_id,track_id\n" + lines).encode()))
@@ -379,7 +379,7 @@ def predict_folder(tm: TrackingModel, folder: str | os.PathLike, out: str | os.P
     and write ``<name>-tracks.csv`` and ``<name>-embeddings.npz`` per event into ``out`` (format:
     module docstring). Refuses (ValueError naming ``--out``) before any work when an output file
     exists, unless ``force``. Returns the written paths."""
-    from .track_building import dbscan_tracks
+    from .tasks.track_building import dbscan_tracks
 
     names, events = _read_events(folder, detectors, False, "--data")
     out = Path(out)
