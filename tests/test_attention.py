@@ -225,3 +225,34 @@ def test_gpu_chunks_are_larger_than_cpu_chunks():
     assert chunk_blocks_for(DEFAULT_CHUNK_ELEMS, 100, cpu) == DEFAULT_CHUNK_ELEMS // 10_000
     assert chunk_blocks_for(DEFAULT_CHUNK_ELEMS, 100, meta) == DEFAULT_GPU_CHUNK_ELEMS // 10_000
     assert chunk_blocks_for(50_000, 100, meta) == 5
+
+
+def test_hept_all_heads_at_once_equals_one_head_at_a_time():
+    """The GPU layout (every head projected, sorted and attended at once) computes what the CPU
+    layout (one head at a time) computes: outputs and gradients, masked padding and the authors'
+    duplicate padding alike."""
+    torch.manual_seed(1)
+    h = build("hept", dim=8, heads=3, coord_dim=3, block_size=5, n_hashes=2, num_regions=4).double()
+    x = torch.randn(2, 23, 8, dtype=torch.float64, requires_grad=True)
+    pos = torch.randn(2, 23, 3, dtype=torch.float64)
+    mask = torch.rand(2, 23, generator=torch.Generator().manual_seed(0)) > 0.3
+    outs, grads = [], []
+    for all_heads in (False, True):
+        h.all_heads = all_heads
+        y = h(x, pos, mask)
+        (g,) = torch.autograd.grad(y.pow(2).sum(), x)
+        outs.append(y.detach())
+        grads.append(g)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-12)
+    from pointformers.models import from_reference_checkpoint
+
+    model = from_reference_checkpoint(dtype=torch.float64)
+    g = torch.Generator().manual_seed(2)
+    xs, cs = torch.randn(1234, 15, generator=g, dtype=torch.float64), torch.randn(1234, 6, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        per_head = model(xs, cs)
+        for blk in model.blocks:
+            blk.mixer.all_heads = True
+        at_once = model(xs, cs)
+    torch.testing.assert_close(at_once, per_head, rtol=1e-9, atol=1e-9)

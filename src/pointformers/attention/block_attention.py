@@ -258,7 +258,8 @@ def sorted_block_attention_rows(qa: torch.Tensor, ka: torch.Tensor, va: torch.Te
 
 def projected_sorted_block_attention(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
                                      heads: int, sort_head, block_size: int,
-                                     chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> torch.Tensor:
+                                     chunk_elems: int = DEFAULT_CHUNK_ELEMS, sort_heads=None,
+                                     all_heads: bool | None = None) -> torch.Tensor:
     """:func:`sorted_block_attention` whose rows are projections of a narrow input, one head at a
     time (memory-lean and cache-friendly, see :class:`_ProjectedSortedBlockAttention`).
 
@@ -269,9 +270,30 @@ def projected_sorted_block_attention(xp: torch.Tensor, wq: torch.Tensor, wk: tor
         heads: H.
         sort_head: ``sort_head(qa, ka, h) -> (iq, ik)``, each (G, T, n) int64 row numbers into
             head h's P rows (G·n = P; see :func:`sorted_block_attention`); called without grad.
+        sort_heads: optional ``sort_heads(qa, ka) -> (iq, ik)`` for all heads at once: qa, ka
+            (P, H, D+2), orders (G·H, T, n) of row numbers p·H + h into the (P·H) rows.
+        all_heads: project, sort and attend every head at once (needs ``sort_heads``) instead of
+            one head at a time; ``None``: off the CPU. A GPU is launch-bound by the per-head loop
+            (HEPT's 60k-point model forward on an H100: 64 ms one head at a time, 35 ms all at
+            once, the authors' code 29 ms; a training step 110 vs 73 ms), while on the CPU one
+            head's rows stay in cache. Same results either way (up to float rounding).
     Returns:
         (P, H·dv), heads concatenated h-major per point.
     """
+    if all_heads is None:
+        all_heads = sort_heads is not None and xp.device.type != "cpu"
+    if all_heads:
+        if sort_heads is None:
+            raise ValueError("all_heads=True needs sort_heads")
+        P = xp.shape[0]
+        qa, ka, va = (xp @ w.T for w in (wq, wk, wv))
+        qa, ka = qa.view(P, heads, -1), ka.view(P, heads, -1)
+        fill_norm_columns(qa, ka)
+        with torch.no_grad():
+            iq, ik = sort_heads(qa, ka)
+        out = sorted_block_attention_rows(qa.reshape(P * heads, -1), ka.reshape(P * heads, -1),
+                                          va.reshape(P * heads, -1), iq, ik, block_size, chunk_elems)
+        return out.view(P, -1)
     chunk_blocks = chunk_blocks_for(chunk_elems, block_size, xp)
 
     def checked_sort(qa, ka, h):

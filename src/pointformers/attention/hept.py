@@ -38,16 +38,16 @@ def authors_argsort(keys: torch.Tensor, ctx: HEPTContext) -> torch.Tensor:
     """Sort order of each cloud's keys by ``torch.argsort`` (PyTorch's default sort, as the authors'
     code), over the cloud's own ``ctx.lengths[b]`` rows only, so that ties break as in their code
     run on that cloud alone; rows past a cloud's length (padding, keys +inf) keep their places.
-    (B, T, Np) -> (B, T, Np) int64."""
-    B, _, Np = keys.shape
+    (B, …, Np) -> (B, …, Np) int64 (each row sorted alone: the leading dims do not matter)."""
+    B, Np = keys.shape[0], keys.shape[-1]
     if B == 1 and (ctx.lengths is None or int(ctx.lengths[0]) == Np):
         return torch.argsort(keys, dim=-1)
     if ctx.lengths is None:
         raise ValueError("authors_sort with several clouds needs the context's lengths")
-    out = torch.arange(Np, device=keys.device).repeat(B, keys.shape[1], 1)
+    out = torch.arange(Np, device=keys.device).expand(keys.shape).clone()
     for b in range(B):
         n = int(ctx.lengths[b])
-        out[b, :, :n] = torch.argsort(keys[b, :, :n], dim=-1)
+        out[b, ..., :n] = torch.argsort(keys[b, ..., :n], dim=-1)
     return out
 
 
@@ -67,6 +67,9 @@ class HEPTAttention(KernelAttention):
         own_regions: if False the module expects a shared :class:`HEPTContext` from its model
             (the model owns one :class:`HEPTRegions` for all layers, as the authors' code).
         chunk_elems: score entries per fused chunk (speed/memory knob, not semantics).
+        all_heads: attend all heads at once (True) or one at a time (False); None (default):
+            all at once off the CPU (see :func:`.block_attention.projected_sorted_block_attention`;
+            a speed knob, not semantics).
         generator: optional torch.Generator for the frozen random draws.
     Shapes: x (B, N, D), pos (B, N, c), mask (B, N) -> (B, N, D).
     """
@@ -74,7 +77,8 @@ class HEPTAttention(KernelAttention):
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, coord_dim: int = 2,
                  block_size: int = 100, n_hashes: int = 3, num_regions: float = 150,
                  tie_first_two: bool = True, omega_init: float = 10.0, own_regions: bool = True,
-                 chunk_elems: int = DEFAULT_CHUNK_ELEMS, generator: torch.Generator | None = None):
+                 chunk_elems: int = DEFAULT_CHUNK_ELEMS, generator: torch.Generator | None = None,
+                 all_heads: bool | None = None):
         if coord_dim < 2:
             raise ValueError(f"coord_dim must be >= 2 (η and φ drive HEPT's region hashing), got {coord_dim}")
         if not isinstance(block_size, int) or block_size < 1:
@@ -85,6 +89,7 @@ class HEPTAttention(KernelAttention):
         self.block_size = block_size
         self.n_hashes = n_hashes
         self.chunk_elems = chunk_elems
+        self.all_heads = all_heads
         alpha = torch.randn(heads, self.head_dim + coord_dim, n_hashes, generator=generator)
         self.register_buffer("alpha", alpha)
         self.region_hash = HEPTRegions(num_regions, n_hashes, heads, block_size, generator) if own_regions else None
@@ -97,37 +102,45 @@ class HEPTAttention(KernelAttention):
             mask = torch.ones(pos.shape[:2], dtype=torch.bool, device=pos.device)
         return self.region_hash(pos, mask)
 
-    def head_sort_orders(self, qa: torch.Tensor, ka: torch.Tensor, ctx: HEPTContext, h: int):
-        """Head ``h``'s per-table sort orders. q', k' rows (B·Np, d+c+2) -> iq, ik (B, T, Np) row numbers b·Np + i."""
+    def sort_orders(self, qa: torch.Tensor, ka: torch.Tensor, ctx: HEPTContext, heads: list[int]):
+        """Per-table sort orders of the heads ``heads`` (nh of them) at once.
+
+        q', k' rows (B·Np, nh, d+c+2) -> iq, ik (B, nh, T, Np) row numbers b·Np + i.
+        """
         with torch.no_grad():
             B, Np = ctx.mask.shape
-            alpha = self.alpha[h].to(qa.dtype)  # (d + c, T)
-            D = alpha.shape[0]
+            alpha = self.alpha[heads].to(qa.dtype)  # (nh, d + c, T)
+            D = alpha.shape[1]
             # E2LSH base hash (no bucketing) of q̂, k̂; alpha padded with zero rows for the two norm
             # columns so the GEMM reads the contiguous rows instead of a strided slice
-            alpha = torch.cat([alpha, alpha.new_zeros(qa.shape[1] - D, alpha.shape[1])])
-            lq = (qa @ alpha).view(B, Np, -1).transpose(1, 2)
-            lk = (ka @ alpha).view(B, Np, -1).transpose(1, 2)
-            delta = masked_range(lq[:, :, None], lk[:, :, None], ctx.mask)[:, :, 0]  # (B, T, 1)
-            offset = ctx.codes[:, :, h].to(qa.dtype) * delta
-            pad = ~ctx.mask[:, None, :]
+            alpha = torch.cat([alpha, alpha.new_zeros(len(heads), qa.shape[-1] - D, alpha.shape[-1])], 1)
+            nh = len(heads)
+            lq = torch.bmm(qa.transpose(0, 1), alpha).view(nh, B, Np, -1).permute(1, 0, 3, 2)  # (B, nh, T, Np)
+            lk = torch.bmm(ka.transpose(0, 1), alpha).view(nh, B, Np, -1).permute(1, 0, 3, 2)
+            delta = masked_range(lq, lk, ctx.mask)  # (B, nh, T, 1)
+            offset = ctx.codes[:, :, heads].transpose(1, 2).to(qa.dtype) * delta
+            pad = ~ctx.mask[:, None, None, :]
             tq = (lq + offset).masked_fill_(pad, float("inf"))
             tk = (lk + offset).masked_fill_(pad, float("inf"))
-            base = torch.arange(B, device=qa.device).view(B, 1, 1) * Np
+            base = torch.arange(B, device=qa.device).view(B, 1, 1, 1) * Np
             if ctx.authors_sort:
                 iq, ik = authors_argsort(tq, ctx), authors_argsort(tk, ctx)
             else:
                 iq, ik = stable_argsort(tq), stable_argsort(tk)
         return iq.add_(base), ik.add_(base)
 
+    def head_sort_orders(self, qa: torch.Tensor, ka: torch.Tensor, ctx: HEPTContext, h: int):
+        """Head ``h``'s per-table sort orders. q', k' rows (B·Np, d+c+2) -> iq, ik (B, T, Np) row numbers b·Np + i."""
+        iq, ik = self.sort_orders(qa[:, None], ka[:, None], ctx, [h])
+        return iq[:, 0], ik[:, 0]
+
     def sort_indices(self, qa: torch.Tensor, ka: torch.Tensor, ctx: HEPTContext):
         """All heads' sort orders as row numbers into (B, Np, H) rows. q', k' (B, Np, H, d+c+2) -> 2 × (B·H, T, Np)."""
         B, Np, H, _ = qa.shape
-        iq, ik = zip(*(self.head_sort_orders(qa[:, :, h].reshape(B * Np, -1), ka[:, :, h].reshape(B * Np, -1), ctx, h)
-                       for h in range(H)))
+        iq, ik = self.sort_orders(qa.reshape(B * Np, H, -1), ka.reshape(B * Np, H, -1), ctx, list(range(H)))
         # row of (cloud b, point i, head h) in the (B, Np, H) layout: (b·Np + i)·H + h
         heads = torch.arange(H, device=qa.device).view(1, H, 1, 1)
-        return tuple((torch.stack(o, 1) * H + heads).reshape(B * H, -1, Np) for o in (iq, ik))
+        return tuple((o * H + heads).reshape(B * H, -1, Np) for o in (iq, ik))
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 context: HEPTContext | None = None, **unused) -> torch.Tensor:
@@ -144,7 +157,9 @@ class HEPTAttention(KernelAttention):
             pos = torch.cat([pos, pos.new_zeros(B, Np - N, pos.shape[-1])], 1)
         H, d = self.heads, self.head_dim
         xp, wq, wk, wv = self.projection_inputs(x, pos, ctx.mask)
-        o = projected_sorted_block_attention(xp, wq, wk, wv, H, lambda qa, ka, h: self.head_sort_orders(qa, ka, ctx, h),
-                                             self.block_size, self.chunk_elems)
+        o = projected_sorted_block_attention(
+            xp, wq, wk, wv, H, lambda qa, ka, h: self.head_sort_orders(qa, ka, ctx, h), self.block_size,
+            self.chunk_elems, sort_heads=lambda qa, ka: self.sort_indices(qa.view(B, Np, H, -1), ka.view(B, Np, H, -1), ctx),
+            all_heads=self.all_heads)
         y = self.out_linear(o.view(B, Np, H * d))  # rows are (b, i, h): heads concatenated h-major
         return self.zero_padding(y, ctx.mask)[:, :N]
