@@ -112,6 +112,32 @@ def test_evaluate_reference_checkpoint_on_a_folder(labelled, direct, tmp_path, c
     assert o["num_hits"] == sum(r["num_hits"] for r in res["events"])
     overall = next(line for line in lines if line.startswith("overall"))
     assert f"{o['ap@k']:.4f}" in overall and f"{o['trackml_score']:.4f}" in overall
+    # Track matching of the same DBSCAN tracks: per event, the event's own rates; overall and the
+    # tables, the counts summed over events.
+    from pointformers.tasks.track_metrics import particle_eta, track_match_counts, track_matching_metrics
+
+    total = None
+    for r in res["events"]:
+        d = direct[r["event"]]
+        ev, inp = d["event"], d["inputs"]
+        args = (dbscan_tracks(d["emb"], REFERENCE_EPS), inp.particle_id, inp.pt,
+                ev.per_hit(particle_eta(ev.px, ev.py, ev.pz), 0.0), inp.reconstructable)
+        m = track_matching_metrics(*args)
+        for k in ("eff_dm", "eff_perfect", "eff_lhc", "fake_dm", "dup_lhc"):
+            assert r[k] == pytest.approx(m[k])
+        assert 0 < r["eff_dm"] <= 1 and r["eff_perfect"] <= r["eff_dm"]
+        c = track_match_counts(*args)
+        total = c if total is None else {k: total[k] + v for k, v in c.items()}
+        row = next(line for line in lines if line.startswith(r["event"]))
+        assert f"{r['eff_dm']:.4f}" in row
+    tm = res["track_metrics"]
+    assert {k: tm["overall"][k] for k in total} == total
+    assert o["eff_dm"] == pytest.approx(total["matched_particles_dm"] / total["particles"])
+    assert tm["overall"]["eff_dm"] == pytest.approx(o["eff_dm"]) and f"{o['eff_dm']:.4f}" in overall
+    assert tm["cuts"]["pt_min"] == 0.9 and tm["cuts"]["eta_max"] == 4.0 and tm["cuts"]["min_hits"] == 3
+    assert sum(b["particles"] for b in tm["vs_eta"]) == tm["overall"]["particles"]
+    assert [b["lo"] for b in tm["vs_pt"]][:3] == [0.0, 0.5, 0.9]
+    assert "track matching" in printed and any(line.startswith("pT [0.9, 1.5)") for line in lines)
     # The model is not a constant: the two events' AP@k differ from each other.
     assert res["events"][0]["ap@k"] != res["events"][1]["ap@k"]
     # --json refuses to overwrite without --force; the file stays as it was.

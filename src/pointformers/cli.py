@@ -225,9 +225,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(f"{spec.name} / {split}: {_count_phrase(samples[split])}"
           + (" (settings chosen on the validation split)" if report else ""))
     print(format_metrics_table(rows))
+    track_report = getattr(task, "track_report", None) if report else None  # tracking: matching tables
+    if track_report is not None:
+        from .tasks.track_metrics import format_track_metrics
+
+        print(format_track_metrics(track_report))
     if args.json:
         write_json(args.json, {"checkpoint": str(args.checkpoint), "task": spec.name, "split": split,
-                               "rows": {n: m for n, m in rows}})
+                               "rows": {n: m for n, m in rows},
+                               **({"track_metrics": track_report} if track_report is not None else {})})
         print(f"wrote {args.json}")
     return 0
 
@@ -574,7 +580,10 @@ _EPS_HELP = (
 _EVALUATE_HELP = """Evaluate a checkpoint.
 
   pointformers evaluate --checkpoint runs/x/best.pt --split test
-      every metric of the run's task on its generated split (tracking: DBSCAN radius chosen on val)
+      every metric of the run's task on its generated split (tracking: DBSCAN radius chosen on val,
+      then the track-matching table: double-majority, perfect and LHC efficiencies, fake and
+      duplicate rates of the DBSCAN tracks, overall and against pT and eta; cuts task.match_pt_min,
+      task.match_eta_max)
   pointformers evaluate --checkpoint hept-tracking-60k --data FOLDER [--json FILE]
       the shipped HEPT model (or --checkpoint PATH: an authors' state_dict, or a run's best.pt) on
       every labelled TrackML event in FOLDER, one cloud per event (pixel volumes 7, 8, 9 only).
@@ -582,7 +591,9 @@ _EVALUATE_HELP = """Evaluate a checkpoint.
       pT > task.pt_min, 0.9 GeV for reference checkpoints; K = 19; overall = mean over events with a query hit, as the task averages
       clouds), the TrackML score of DBSCAN track candidates (min_samples 2; official truth
       weights; overall = mean over events, as the challenge averages them), the number of
-      tracks and the seconds per event. --json FILE: the same numbers (null for n/a).
+      tracks and the seconds per event; the track-matching efficiency and fake rate (double
+      majority) per event, then the track-matching table of all events (pT >= 0.9 GeV, |eta| < 4).
+      --json FILE: the same numbers (null for n/a; the table under "track_metrics").
 """
 
 _PREDICT_HELP = """Run a tracking checkpoint on unlabelled TrackML events (hits and cells only).

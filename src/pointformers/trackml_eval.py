@@ -18,6 +18,12 @@ Metrics (``evaluate``), per event and overall:
   (:func:`~.track_building.dbscan_tracks`, ``min_samples`` 2) against the truth particle ids and
   the files' truth weights (normalised over the event's pixel hits); overall = mean over events,
   as the challenge averages events (:func:`~.trackml_score.trackml_score_split`).
+* Track matching (:mod:`~.tasks.track_metrics`) of the same DBSCAN tracks (3 hits or more):
+  double-majority, perfect and LHC efficiencies, fake and duplicate rates, for particles with
+  pT >= ``match_pt_min`` (0.9 GeV), |η| < ``match_eta_max`` (4, η of the particle's momentum)
+  and hits on >= 3 pixel layers. Per event: ``eff_dm``, ``eff_perfect``, ``eff_lhc``,
+  ``fake_dm``, ``dup_lhc``; overall: the same rates of the counts summed over events, and
+  ``"track_metrics"`` with every rate and count, overall and against pT and η.
 
 DBSCAN's radius ``eps``:
 
@@ -264,8 +270,8 @@ def choose_eps_on_validation(tm: TrackingModel) -> EpsSelection:
 
 # ------------------------------------------------------------------------------ evaluate
 _COLUMNS = (("hits", "num_hits", 7), ("AP@k", "ap@k", 7), ("prec@K", "precision@K", 7),
-            ("rec@K", "recall@K", 7), ("TrackML", "trackml_score", 7), ("tracks", "num_tracks", 7),
-            ("time_s", "seconds", 7))
+            ("rec@K", "recall@K", 7), ("TrackML", "trackml_score", 7), ("effDM", "eff_dm", 7),
+            ("fakeDM", "fake_dm", 7), ("tracks", "num_tracks", 7), ("time_s", "seconds", 7))
 
 
 def _cell(v: Any, key: str) -> str:
@@ -291,17 +297,28 @@ def format_event_table(names: Sequence[str]) -> tuple[str, Callable[[str, Mappin
 
 
 def evaluate_folder(tm: TrackingModel, folder: str | os.PathLike, eps: float, detectors=None,
-                    log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """AP@k, precision@K, recall@K and the TrackML score of every labelled event of ``folder``.
+                    log: Callable[[str], None] | None = None, match_pt_min: float = 0.9,
+                    match_eta_max: float = 4.0) -> dict[str, Any]:
+    """AP@k, precision@K, recall@K, the TrackML score and the track-matching rates of every
+    labelled event of ``folder``.
 
     Returns ``{"events": [{"event", "num_hits", "ap@k", "precision@K", "recall@K", "num_queries",
-    "trackml_score", "num_tracks", "seconds"}, ...], "overall": {...}}``; ``log`` gets the table
-    (header, then one row per event as it is done, then the overall row).
+    "trackml_score", "eff_dm", "eff_perfect", "eff_lhc", "fake_dm", "dup_lhc", "num_tracks",
+    "seconds"}, ...], "overall": {...}, "track_metrics": {"cuts", "overall", "vs_pt", "vs_eta"}}``
+    (``track_metrics``: :meth:`~.tasks.track_metrics.TrackMetricsAccumulator.result`, counts
+    summed over events; ``match_pt_min``/``match_eta_max`` its particle cuts). ``log`` gets the
+    table (header, then one row per event as it is done, then the overall row), then the
+    track-matching table.
     """
     from .tasks.track_building import dbscan_tracks
+    from .tasks.track_metrics import OVERALL_KEYS, TrackMetricsAccumulator, format_track_metrics, particle_eta
     from .tasks.trackml_score import trackml_score, trackml_score_split
     from .tasks.tracking import ap_at_k_split, tracking_metrics_at_k
 
+    try:
+        acc = TrackMetricsAccumulator(pt_min=match_pt_min, eta_max=match_eta_max)
+    except ValueError as exc:
+        raise ValueError(f"match_{exc}") from None
     names, events = _read_events(folder, detectors, True, "--data")
     header, row_fmt = format_event_table(names)
     if log:
@@ -313,8 +330,11 @@ def evaluate_folder(tm: TrackingModel, folder: str | os.PathLike, eps: float, de
         m = tracking_metrics_at_k(emb, inp.particle_id, inp.pt, inp.reconstructable, tm.pt_min, tm.K)
         labels = dbscan_tracks(emb, eps, DBSCAN_MIN_SAMPLES)
         score = trackml_score(labels, ev.particle_id, np.asarray(ev.weight, dtype=np.float64))
+        eta = np.nan_to_num(ev.per_hit(particle_eta(ev.px, ev.py, ev.pz), 0.0).astype(np.float64), nan=0.0)
+        match = acc.add(labels, inp.particle_id, inp.pt, eta, inp.reconstructable)
         r = {"event": name, "num_hits": inp.num_hits, "ap@k": m["accuracy"], "precision@K": m["precision"],
              "recall@K": m["recall"], "num_queries": m["num_queries"], "trackml_score": score,
+             **{k: match[k] for k in OVERALL_KEYS},
              "num_tracks": int(len(np.unique(labels[labels >= 0]))), "seconds": time.perf_counter() - t0}
         rows.append(r)
         if log:
@@ -325,11 +345,14 @@ def evaluate_folder(tm: TrackingModel, folder: str | os.PathLike, eps: float, de
                "recall@K": ap_at_k_split([r["recall@K"] for r in rows]),
                "num_queries": sum(r["num_queries"] for r in rows),
                "trackml_score": trackml_score_split([r["trackml_score"] for r in rows]),
+               **acc.overall_metrics(),
                "num_tracks": sum(r["num_tracks"] for r in rows), "seconds": sum(r["seconds"] for r in rows)}
+    report = acc.result()
     if log:
         log("-" * len(row_fmt("overall", overall)))
         log(row_fmt("overall", overall))
-    return {"events": rows, "overall": overall}
+        log(format_track_metrics(report))
+    return {"events": rows, "overall": overall, "track_metrics": report}
 
 
 # ------------------------------------------------------------------------------ predict

@@ -12,6 +12,8 @@
   over events, plus ROC-AUC and F1 at probability 0.5 averaged the same way (spec §4.4).
 * :class:`PileupTask` -- the engine's task protocol; the task spec ``"pileup"`` is registered
   with :mod:`pointformers.tasks.registry` on import.
+* :func:`draw_pileup_curves` -- the precision-recall curve (AP) beside the ROC curve (ROC-AUC)
+  of a model and the pT-ranking baseline, drawn by ``pointformers plot`` (``pileup_curves.png``).
 
 Events without any particle are dropped when samples are prepared (with a warning). Events
 without scored particles (no neutral particle above the pT cut) contribute nothing to
@@ -47,6 +49,7 @@ __all__ = [
     "pileup_metrics",
     "PileupTask",
     "pileup_baselines",
+    "draw_pileup_curves",
     "PILEUP_TASK",
 ]
 
@@ -439,6 +442,80 @@ def _build(cfg: Mapping[str, Any]) -> PileupTask:
     return PileupTask(t["alpha"], t["gamma"], t["pt_min"], t["alpha_mode"])
 
 
+def draw_pileup_curves(path: Union[str, Path], curves: Mapping[str, tuple[Sequence[Any], Sequence[Any]]],
+                       title: str = "", dpi: int = 110) -> Path:
+    """Write a PNG with the precision-recall curve (left) and the ROC curve (right) of each
+    named scoring, atomically.
+
+    Args:
+        path: output ``.png``.
+        curves: ``{name: (scores, labels)}``, each one ``(m_i,)`` array per event restricted to
+            its scored particles (as :func:`pileup_metrics` takes them). The curves are drawn
+            over all events' particles pooled; the legend gives the task's numbers, AP and
+            ROC-AUC averaged over events (:func:`pileup_metrics`).
+    Raises:
+        ValueError: naming ``curves`` when empty, or as :func:`pileup_metrics`.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from sklearn.metrics import precision_recall_curve, roc_curve
+
+    from ..engine.checkpoint import atomic_write
+
+    if not curves:
+        raise ValueError("curves: need at least one (scores, labels) pair to draw")
+    fig = Figure(figsize=(12, 5.2), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax_pr, ax_roc = fig.subplots(1, 2)
+    base_rate = None
+    for name, (scores, labels) in curves.items():
+        m = pileup_metrics(scores, labels)
+        s = np.concatenate([_as_1d(a, "scores").astype(np.float64) for a in scores])
+        y = np.concatenate([_as_1d(a, "labels").astype(bool) for a in labels])
+        prec, rec, _ = precision_recall_curve(y, s)
+        ax_pr.plot(rec, prec, lw=1.5, label=f"{name}: AP {m['ap']:.4f}")
+        if y.any() and not y.all():
+            fpr, tpr, _ = roc_curve(y, s)
+            ax_roc.plot(fpr, tpr, lw=1.5, label=f"{name}: ROC-AUC {m['roc_auc']:.4f}")
+        base_rate = float(y.mean())
+    if base_rate is not None:
+        ax_pr.axhline(base_rate, color="grey", ls=":", lw=1, label=f"chance (LC fraction {base_rate:.3f})")
+    ax_roc.plot([0, 1], [0, 1], color="grey", ls=":", lw=1, label="chance")
+    ax_pr.set_xlabel("recall (LC particles found)")
+    ax_pr.set_ylabel("precision")
+    ax_pr.set_title("precision-recall (AP = mean over events)", fontsize=10)
+    ax_roc.set_xlabel("false positive rate (pile-up kept)")
+    ax_roc.set_ylabel("true positive rate (LC kept)")
+    ax_roc.set_title("ROC (ROC-AUC = mean over events)", fontsize=10)
+    for ax in (ax_pr, ax_roc):
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.2)
+        ax.legend(fontsize=8, loc="lower left" if ax is ax_pr else "lower right")
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return atomic_write(path, lambda f: fig.savefig(f, format="png"))
+
+
+def _plot(cfg: Mapping[str, Any], model: nn.Module, samples: Sequence[PileupInputs], out_dir) -> list[Path]:
+    """``pileup_curves.png``: precision-recall and ROC curves of the model on the validation
+    events, with the pT-ranking baseline (curves pooled over the events' scored particles)."""
+    task = _build(cfg)
+    if not samples:
+        raise ValueError("samples: need at least one validation event to draw the curves")
+    scores, pts, labels = [], [], []
+    for z, smp in zip(task.logits(model, samples), samples):
+        sel = scored_mask(smp.charge, smp.pt, task.pt_min)
+        scores.append(z[sel].double().numpy())
+        pts.append(smp.pt[sel].double().numpy())
+        labels.append(smp.label[sel].numpy())
+    name = cfg.get("model", {}).get("name", "model")
+    return [draw_pileup_curves(Path(out_dir) / "pileup_curves.png", {name: (scores, labels), "pT ranking": (pts, labels)},
+                               title=f"{name}: {len(samples)} validation events, neutral particles with "
+                                     f"pT > {task.pt_min:g} GeV")]
+
+
 def _generate(cfg: Mapping[str, Any], splits: Sequence[str]) -> list[str]:
     from ..data.pileup import dataset_cache_path, load_pileup_dataset
 
@@ -462,5 +539,5 @@ PILEUP_TASK = register_task(TaskSpec(
     data_schema=_DATA_SCHEMA, data_defaults=_DATA_DEFAULTS,
     task_schema=_TASK_SCHEMA, task_defaults=_TASK_DEFAULTS,
     load=_load, build=_build, metric="ap", mode="max", validate=_validate, generate=_generate,
-    default_model="hept-pileup", baselines=_baselines,
+    default_model="hept-pileup", baselines=_baselines, plot=_plot,
 ))

@@ -7,11 +7,14 @@ Config sections (defaults: the HEPT authors' tracking settings, spec ``hept.md``
            sector_ds: null, sector_di: null,         # optional: the φ-sectors' extended-wedge options
            sector_slope: null}                       # (null = the preset's; see split_sectors)
     task: {name: tracking, similarity: l2_rbf, tau: 0.05, sigma: 0.75, random_pairs: 0.2,
-           pt_min: 0.9, radius: 1.0, max_num_neighbors: 256}
+           pt_min: 0.9, radius: 1.0, max_num_neighbors: 256,
+           match_pt_min: 0.9, match_eta_max: 4.0}
 
 ``similarity``/``tau``/``sigma`` are the InfoNCE options, ``random_pairs`` the fraction of
 random pairs added each step, ``pt_min`` the AP@k filter (GeV), ``radius`` and
-``max_num_neighbors`` the (eta, phi) radius graph that labels the training pairs. ``n_events``
+``max_num_neighbors`` the (eta, phi) radius graph that labels the training pairs,
+``match_pt_min``/``match_eta_max`` the particle cuts (pT >= 0.9 GeV, |eta| < 4) of the
+track-matching metrics ``evaluate --split test`` reports (:mod:`.track_metrics`). ``n_events``
 (null = the preset's) keeps every other parameter of the preset and changes only the number of
 generated events, e.g. a shorter ``tracking-6k`` run on fewer 6k-hit clouds; ``sector_ds``,
 ``sector_di``, ``sector_slope`` likewise replace the φ-sector options (the HEPT authors' class
@@ -36,9 +39,10 @@ _DATA_DEFAULTS = {"preset": "small", "seed": 0, "cache_dir": None, "n_events": N
 #: data keys that replace the preset's generator parameter of the same name (``sector_*``) or ``n_events``
 _PARAM_KEYS = {"n_events": "n_events", "sector_ds": "sector_ds", "sector_di": "sector_di", "sector_slope": "sector_slope"}
 _TASK_SCHEMA = {"similarity": (str,), "tau": (float,), "sigma": (float,), "random_pairs": (float,),
-                "pt_min": (float,), "radius": (float,), "max_num_neighbors": (int,)}
+                "pt_min": (float,), "radius": (float,), "max_num_neighbors": (int,), "match_pt_min": (float,),
+                "match_eta_max": (float,)}
 _TASK_DEFAULTS = {"similarity": "l2_rbf", "tau": 0.05, "sigma": 0.75, "random_pairs": 0.2, "pt_min": 0.9,
-                  "radius": 1.0, "max_num_neighbors": 256}
+                  "radius": 1.0, "max_num_neighbors": 256, "match_pt_min": 0.9, "match_eta_max": 4.0}
 
 
 def data_params(d: Mapping[str, Any]):
@@ -56,7 +60,8 @@ def _build(cfg: Mapping[str, Any]):
     from .tracking_training import TrackingTask
 
     t = cfg["task"]
-    return TrackingTask(t["similarity"], t["tau"], t["sigma"], t["random_pairs"], t["pt_min"])
+    return TrackingTask(t["similarity"], t["tau"], t["sigma"], t["random_pairs"], t["pt_min"],
+                        match_pt_min=t.get("match_pt_min", 0.9), match_eta_max=t.get("match_eta_max", 4.0))
 
 
 def _validate(cfg: Mapping[str, Any]) -> None:
@@ -129,10 +134,17 @@ def _baselines(cfg: Mapping[str, Any], samples: Sequence[Any]) -> dict[str, dict
 
 
 def _plot(cfg: Mapping[str, Any], model: Any, samples: Sequence[Any], out_dir: str | Path) -> list[Path]:
-    """Event display of validation cloud 0: DBSCAN clusters of the embeddings (radius chosen on
-    the given validation clouds by the track-match score) next to the truth."""
+    """Figures of validation cloud 0, DBSCAN clusters of the embeddings (radius chosen on the
+    given validation clouds by the track-match score):
+
+    * ``event_display.png``: x-y and r-z views, hits coloured by true particle and by
+      reconstructed track, a track matched to a particle in that particle's colour
+      (:func:`~.tracking_display.draw_track_display`);
+    * ``hept_buckets.png`` (models with HEPT attention): the query blocks of table 0, head 0 of
+      the first HEPT layer in eta-phi (:func:`~.tracking_display.draw_hept_buckets`).
+    """
     from .tracking import ap_at_k, cluster_tracks
-    from .tracking_display import choose_eps, draw_event_display
+    from .tracking_display import choose_eps, draw_hept_buckets, draw_track_display, hept_query_blocks
     from .tracking_training import load_tracking_splits
 
     if not samples:
@@ -149,11 +161,25 @@ def _plot(cfg: Mapping[str, Any], model: Any, samples: Sequence[Any], out_dir: s
     labels = cluster_tracks(emb[0], eps)
     ap = ap_at_k(emb[0], cloud.inputs.particle_id, cloud.inputs.pt, cloud.inputs.reconstructable,
                  cfg["task"]["pt_min"])
-    png = draw_event_display(Path(out_dir) / "event_display.png", event.x, event.y, labels, cloud.inputs.particle_id,
-                             title=f"{cfg['model']['name']} - validation cloud 0 ({cloud.num_hits} hits), AP@k {ap:.3f}",
-                             pred_note=f"DBSCAN on embeddings, eps={eps:.3g} "
-                                       f"(best track-match score on val: {scores[eps]:.3f})")
-    return [png]
+    name = f"{cfg['model']['name']} - validation cloud 0 ({cloud.num_hits} hits)"
+    out = [draw_track_display(Path(out_dir) / "event_display.png", event.x, event.y, event.z, labels,
+                              cloud.inputs.particle_id, title=f"{name}, AP@k {ap:.3f}",
+                              note=f"DBSCAN on embeddings, eps={eps:.3g} (best track-match score on val: "
+                                   f"{scores[eps]:.3f})")]
+    from ..attention.hept import HEPTAttention
+
+    if any(isinstance(m, HEPTAttention) for m in model.modules()):
+        was_training = model.training
+        model.eval()
+        try:
+            dev = next(model.parameters()).device
+            blocks = hept_query_blocks(model, cloud.inputs.x.to(dev), cloud.inputs.coords.to(dev))
+        finally:
+            model.train(was_training)
+        out.append(draw_hept_buckets(Path(out_dir) / "hept_buckets.png", cloud.inputs.coords[:, 0],
+                                     cloud.inputs.coords[:, 1], blocks, cloud.inputs.particle_id,
+                                     title=f"{name}: query blocks of the first HEPT layer (table 0, head 0)"))
+    return out
 
 
 def _generate(cfg: Mapping[str, Any], splits: Sequence[str]) -> list[str]:

@@ -12,7 +12,8 @@
   baseline (:func:`knn_baseline_metrics`).
 * :meth:`TrackingTask.evaluate_report` adds track building: DBSCAN on the embeddings with
   its radius chosen on the validation clouds (:mod:`.track_building`), scored on the test
-  clouds with the TrackML score (:mod:`.trackml_score`).
+  clouds with the TrackML score (:mod:`.trackml_score`) and the track-matching metrics
+  (efficiency, fake and duplicate rates, overall and against pT and η; :mod:`.track_metrics`).
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ import torch
 from torch import nn
 
 from ..data.event import TrackingEvent
-from .track_building import DEFAULT_REFINE, choose_dbscan_eps, track_building_score
-from .trackml_score import trackml_like_weights
+from .track_building import DEFAULT_REFINE, choose_dbscan_eps, dbscan_tracks
+from .track_metrics import OVERALL_KEYS, TrackMetricsAccumulator, particle_eta
+from .trackml_score import trackml_like_weights, trackml_score, trackml_score_split
 from .tracking import (
     TrackingInputs,
     TrackingPairs,
@@ -44,6 +46,8 @@ __all__ = [
     "TrackingTask",
     "prepare_tracking_clouds",
     "cloud_truth_weights",
+    "cloud_particle_eta",
+    "track_matching_report",
     "evaluate_embeddings",
     "knn_baseline_metrics",
     "load_tracking_splits",
@@ -64,6 +68,11 @@ class TrackingCloud:
         pt_min: the pt filter the positive labels were built with.
         weight: ``(n,)`` float64 TrackML truth weight of each hit (from the event), used by
             the TrackML score; None when unknown (see :func:`cloud_truth_weights`).
+        particle_eta: ``(n,)`` float64 η of each hit's particle (from its momentum; 0 for
+            noise), used by the track-matching metrics; None when unknown (see
+            :func:`cloud_particle_eta`).
+        sector_own: ``(n,)`` bool, the event's ``sector_own`` on φ-sector clouds (hits of the
+            particles the sector owns), None for whole events.
     """
 
     inputs: TrackingInputs
@@ -72,6 +81,8 @@ class TrackingCloud:
     event: TrackingEvent | None = None
     pt_min: float = 0.9
     weight: torch.Tensor | None = None
+    particle_eta: torch.Tensor | None = None
+    sector_own: torch.Tensor | None = None
 
     @property
     def num_hits(self) -> int:
@@ -127,7 +138,9 @@ def prepare_tracking_clouds(
             half_e = p.edge_index[:, keep].to(torch.int32).contiguous()
             half_p = p.is_positive[keep].contiguous()
         weight = torch.as_tensor(np.asarray(ev.weight, dtype=np.float64))
-        out.append(TrackingCloud(inp, half_e, half_p, ev if keep_events else None, pt_min, weight))
+        eta = torch.as_tensor(np.nan_to_num(ev.per_hit(particle_eta(ev.px, ev.py, ev.pz), 0.0), nan=0.0))
+        own = None if ev.sector_own is None else torch.as_tensor(np.asarray(ev.sector_own, dtype=bool))
+        out.append(TrackingCloud(inp, half_e, half_p, ev if keep_events else None, pt_min, weight, eta, own))
     return out
 
 
@@ -150,6 +163,44 @@ def cloud_truth_weights(cloud: TrackingCloud) -> np.ndarray:
     c = cloud.inputs.coords.detach().cpu().double().numpy()
     return trackml_like_weights(cloud.inputs.particle_id.cpu().numpy(), cloud.inputs.pt.cpu().numpy(),
                                 np.hypot(c[:, 2], c[:, 4]))
+
+
+def cloud_particle_eta(cloud: TrackingCloud) -> np.ndarray:
+    """η of each hit's particle in a cloud, ``(n,)`` float64 (noise: 0).
+
+    ``cloud.particle_eta`` when set, else from ``cloud.event``'s particle momenta; a cloud with
+    neither (built by hand) gets, per particle, the mean η of its hit positions (coordinate
+    column 0), close to the momentum's η for particles from the beam line.
+    """
+    n = cloud.num_hits
+    if cloud.particle_eta is not None:
+        eta = np.asarray(cloud.particle_eta.detach().cpu().numpy(), dtype=np.float64)
+    elif cloud.event is not None:
+        ev = cloud.event
+        eta = np.nan_to_num(ev.per_hit(particle_eta(ev.px, ev.py, ev.pz), 0.0).astype(np.float64), nan=0.0)
+    else:
+        pid = cloud.inputs.particle_id.detach().cpu().numpy()
+        hit_eta = cloud.inputs.coords[:, 0].detach().cpu().double().numpy()
+        _, inv = np.unique(pid, return_inverse=True)
+        mean = np.bincount(inv, hit_eta) / np.bincount(inv)
+        eta = np.where(pid > 0, mean[inv], 0.0)
+    if eta.shape != (n,):
+        raise ValueError(f"cloud.particle_eta: expected shape ({n},), got {eta.shape}")
+    return eta
+
+
+def track_matching_report(labels: Sequence[np.ndarray], clouds: Sequence[TrackingCloud], pt_min: float = 0.9,
+                          eta_max: float = 4.0, min_hits: int = 3) -> dict:
+    """The track-matching metrics (:mod:`.track_metrics`) of per-cloud track labels, counts
+    pooled over the clouds: :meth:`~.track_metrics.TrackMetricsAccumulator.result`. On φ-sector
+    clouds only the particles a sector owns count in it, so each particle counts once."""
+    if len(labels) != len(clouds):
+        raise ValueError(f"labels: got {len(labels)} for {len(clouds)} clouds")
+    acc = TrackMetricsAccumulator(pt_min=pt_min, eta_max=eta_max, min_hits=min_hits)
+    for lab, c in zip(labels, clouds):
+        acc.add(lab, c.inputs.particle_id, c.inputs.pt, cloud_particle_eta(c), c.inputs.reconstructable,
+                owned=c.sector_own)
+    return acc.result()
 
 
 def evaluate_embeddings(embeddings: Sequence[torch.Tensor], clouds: Sequence[TrackingCloud],
@@ -199,10 +250,14 @@ class TrackingTask:
         random_pairs: fraction for :func:`~.tracking.add_random_pairs` each step (authors:
             0.2; 0 disables).
         pt_min, K: AP@k filter and neighbour count (authors: 0.9, 19).
+        dbscan_min_samples: DBSCAN's ``min_samples`` for track building.
+        match_pt_min, match_eta_max: the particle cuts of the track-matching metrics
+            (pT ≥ 0.9 GeV, |η| < 4; :mod:`.track_metrics`).
     """
 
     def __init__(self, similarity: str = "l2_rbf", tau: float = 0.05, sigma: float = 0.75,
-                 random_pairs: float = 0.2, pt_min: float = 0.9, K: int = 19, dbscan_min_samples: int = 2):
+                 random_pairs: float = 0.2, pt_min: float = 0.9, K: int = 19, dbscan_min_samples: int = 2,
+                 match_pt_min: float = 0.9, match_eta_max: float = 4.0):
         if similarity not in ("l2_rbf", "paper"):
             raise ValueError(f"similarity: expected 'l2_rbf' or 'paper', got {similarity!r}")
         for name, v in (("tau", tau), ("sigma", sigma)):
@@ -219,6 +274,14 @@ class TrackingTask:
         self.similarity, self.tau, self.sigma = similarity, float(tau), float(sigma)
         self.random_pairs, self.pt_min, self.K = float(random_pairs), float(pt_min), K
         self.dbscan_min_samples = dbscan_min_samples
+        try:
+            TrackMetricsAccumulator(pt_min=match_pt_min, eta_max=match_eta_max)  # checks the cuts
+        except ValueError as exc:
+            raise ValueError(f"match_{exc}") from None
+        self.match_pt_min, self.match_eta_max = float(match_pt_min), float(match_eta_max)
+        #: The last :meth:`evaluate_report`'s track-matching tables
+        #: (:meth:`~.track_metrics.TrackMetricsAccumulator.result`), None before one.
+        self.track_report: dict | None = None
 
     def loss(self, model: nn.Module, cloud: TrackingCloud, generator: torch.Generator | None = None) -> torch.Tensor:
         """InfoNCE of one cloud; random extra pairs are drawn from ``generator``."""
@@ -253,8 +316,13 @@ class TrackingTask:
         (:func:`~.track_building.choose_dbscan_eps`, ``eps_grid``/``refine`` as there); the test
         embeddings are then clustered with it. Returns :meth:`evaluate` on ``test_clouds``
         (``"ap@k"``, ``"precision@K"``, ``"recall@K"``, ``"num_queries"``) plus
-        ``"trackml_score"`` (mean over test clouds), ``"dbscan_eps"`` and
-        ``"val_trackml_score"`` (the chosen radius's validation score).
+        ``"trackml_score"`` (mean over test clouds), ``"dbscan_eps"``,
+        ``"val_trackml_score"`` (the chosen radius's validation score) and the overall
+        track-matching rates :data:`~.track_metrics.OVERALL_KEYS` (``"eff_dm"``,
+        ``"eff_perfect"``, ``"eff_lhc"``, ``"fake_dm"``, ``"dup_lhc"``; counts pooled over the test
+        clouds, see :func:`track_matching_report`). Every value is a float; the full
+        track-matching result (all rates and counts, the tables against pT and η) is kept in
+        :attr:`track_report`.
         """
         val_clouds, test_clouds = list(val_clouds), list(test_clouds)
         if not val_clouds:
@@ -267,11 +335,14 @@ class TrackingTask:
                                 min_samples=self.dbscan_min_samples, refine=refine)
         test_emb = self.embed(model, test_clouds)
         out = evaluate_embeddings(test_emb, test_clouds, self.pt_min, self.K)
-        out["trackml_score"] = track_building_score(test_emb, [c.inputs.particle_id for c in test_clouds],
-                                                    [cloud_truth_weights(c) for c in test_clouds], sel.eps,
-                                                    self.dbscan_min_samples)
+        labels = [dbscan_tracks(e, sel.eps, self.dbscan_min_samples) for e in test_emb]
+        out["trackml_score"] = trackml_score_split([trackml_score(lab, c.inputs.particle_id, cloud_truth_weights(c))
+                                                    for lab, c in zip(labels, test_clouds)])
         out["dbscan_eps"] = sel.eps
         out["val_trackml_score"] = sel.score
+        report = track_matching_report(labels, test_clouds, self.match_pt_min, self.match_eta_max)
+        out.update({k: float(report["overall"][k]) for k in OVERALL_KEYS})
+        self.track_report = report
         return out
 
 
