@@ -147,6 +147,18 @@ def test_evaluate_reference_checkpoint_on_a_folder(labelled, direct, tmp_path, c
     assert "--json" in err and "--force" in err and js.read_bytes() == before
 
 
+def test_evaluate_match_cuts_from_the_command_line(labelled, tmp_path, capsys) -> None:
+    js = tmp_path / "cuts.json"
+    assert main(["evaluate", *CPU, "--checkpoint", "hept-tracking-60k", "--data", str(labelled), "--json", str(js),
+                 "--match-pt-min", "0.5", "--match-eta-max", "2.5"]) == 0
+    capsys.readouterr()
+    tm = json.loads(js.read_text())["track_metrics"]
+    assert tm["cuts"]["pt_min"] == 0.5 and tm["cuts"]["eta_max"] == 2.5
+    err = _one_line_error(capsys, ["evaluate", "--checkpoint", "hept-tracking-60k", "--data", str(labelled),
+                                   "--match-eta-max", "0"])
+    assert "--match-eta-max" in err
+
+
 def test_evaluate_eps_number_and_auto(labelled, direct, tmp_path, capsys) -> None:
     js = tmp_path / "e.json"
     state_dict = tmp_path / "authors.pt"  # --checkpoint PATH to an authors' state_dict

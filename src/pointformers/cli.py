@@ -329,12 +329,17 @@ def cmd_evaluate_data(args: argparse.Namespace) -> int:
 
     if args.split is not None:
         raise ValueError("--split: not used with --data (every event of the folder is evaluated)")
+    if not (math.isfinite(args.match_pt_min) and args.match_pt_min >= 0):
+        raise ValueError(f"--match-pt-min: expected a number >= 0 (GeV), got {args.match_pt_min}")
+    if not (math.isfinite(args.match_eta_max) and args.match_eta_max > 0):
+        raise ValueError(f"--match-eta-max: expected a number > 0, got {args.match_eta_max}")
     _check_new_file(args.json, "--json", args.force)
     check_event_folder(args.data, True, args.detectors)  # before the model and the radius
     tm, eps, source = _model_and_radius(args)
     print(f"AP@k: pt > {tm.pt_min:g} GeV, K = {tm.K}")
     with _one_line_warnings("evaluate"):
-        res = evaluate_folder(tm, args.data, eps, args.detectors, log=print)
+        res = evaluate_folder(tm, args.data, eps, args.detectors, log=print, match_pt_min=args.match_pt_min,
+                              match_eta_max=args.match_eta_max)
     if args.json:
         write_json(args.json, {"checkpoint": str(args.checkpoint), "model": tm.label, "data": str(args.data),
                                "detectors": args.detectors, "dbscan_eps": eps, "dbscan_min_samples": DBSCAN_MIN_SAMPLES,
@@ -653,6 +658,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generated split of the checkpoint's config to evaluate (default: test; not with --data)")
     _data_args(e, "folder of labelled TrackML events (hits, cells, truth, particles; .csv or .csv.gz): "
                   "AP@k and TrackML score per event and overall", required=False)
+    e.add_argument("--match-pt-min", type=float, default=0.9, metavar="GEV",
+                   help="with --data: pT cut of the particles the track-matching metrics count (default 0.9 GeV; "
+                        "for --split the config's task.match_pt_min)")
+    e.add_argument("--match-eta-max", type=float, default=4.0, metavar="ETA",
+                   help="with --data: |η| cut of those particles (default 4; for --split task.match_eta_max)")
     e.add_argument("--json", default=None, metavar="FILE", help="also write every number to this JSON file")
     e.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     e.set_defaults(func=cmd_evaluate)
