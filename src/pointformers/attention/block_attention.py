@@ -38,8 +38,7 @@ _LOGIT_FLOOR = -87.0
 DEFAULT_CHUNK_ELEMS = 1 << 18
 
 #: The same on a GPU (64 M scores, 256 MB in float32): there each chunk costs a handful of kernel
-#: launches, so small chunks leave it launch-bound (HEPT's 60k-point forward took 15× the
-#: authors' unchunked code on an H100 with the CPU's chunk size).
+#: launches, so small chunks leave it launch-bound (docs/benchmarks.md, "GPU notes").
 DEFAULT_GPU_CHUNK_ELEMS = 1 << 26
 
 
@@ -274,9 +273,8 @@ def projected_sorted_block_attention(xp: torch.Tensor, wq: torch.Tensor, wk: tor
             (P, H, D+2), orders (G·H, T, n) of row numbers p·H + h into the (P·H) rows.
         all_heads: project, sort and attend every head at once (needs ``sort_heads``) instead of
             one head at a time; ``None``: off the CPU. A GPU is launch-bound by the per-head loop
-            (HEPT's 60k-point model forward on an H100: 64 ms one head at a time, 35 ms all at
-            once, the authors' code 29 ms; a training step 110 vs 73 ms), while on the CPU one
-            head's rows stay in cache. Same results either way (up to float rounding).
+            (measurements in docs/benchmarks.md, "GPU notes"), while on the CPU one head's rows
+            stay in cache. Same results either way (up to float rounding).
     Returns:
         (P, H·dv), heads concatenated h-major per point.
     """
