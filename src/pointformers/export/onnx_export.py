@@ -292,6 +292,8 @@ class ExportableModel(nn.Module):
         if m.attention == "hept":
             shared["codes"] = hept_prepare(m, coords, mask)  # once per forward, for every layer
         h = m.feat_encoder(x)
+        if m.pos_encoder is not None:  # pe="learned": the coordinate encoding added before the first block
+            h = h + m.pos_encoder(coords)
         hs = [h]
         for blk in m.blocks:
             path = _PATHS[blk.mixer.registry_name]
