@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from pointformers.data.event import CLUSTER_FEATURES, TrackingEvent
-from pointformers.data.tracking import GEOMETRY, TrackingParams, cluster_features, generate_event, module_table
+from pointformers.data.tracking import (GEOMETRY, TrackingParams, cluster_features, cluster_features_from_cells,
+                                       generate_event, module_table)
 from pointformers.data.trackml import read_trackml_event
 from pointformers.tasks.tracking import tracking_inputs
 
@@ -185,27 +186,32 @@ def test_model_inputs_follow_the_authors_formulas(tmp_path: Path) -> None:
         np.testing.assert_array_equal(x[i], exp)
 
 
-def test_generated_charge_frac_is_the_path_length_per_crossed_pixel() -> None:
-    ev = generate_event(TrackingParams(mu=5, multiple_scattering=False, hit_resolution=0.0), seed=3)
+def test_generated_cells_are_the_path_through_the_sensor() -> None:
+    """Generated cells: Σ value = depth / |cos α| (0.15 mm barrel, 0.30 mm end caps) and the
+    features come from the cells by the reader's code."""
+    ev = generate_event(TrackingParams(mu=5, multiple_scattering=False), seed=3)
     g = GEOMETRY
     t = module_table(g)
     key = lambda v, l, m: (np.asarray(v) * 100 + np.asarray(l)) * 10_000_000 + np.asarray(m)  # noqa: E731
     tk = key(t["volume_id"], t["layer_id"], t["module_id"])
     order = np.argsort(tk)
     row = order[np.searchsorted(tk[order], key(ev.volume_id, ev.layer_id, ev.module_id))]
+    feats, count = cluster_features_from_cells(ev.cell_hit, ev.cell_ch0, ev.cell_ch1, ev.cell_value, ev.num_hits,
+                                               t["pitch_u"][row], t["pitch_v"][row], t["module_t"][row], t["rot"][row])
+    assert np.array_equal(feats, ev.cells) and np.all(count >= 1)
     real = ev.particle_id > 0
     d = np.stack([ev.tpx, ev.tpy, ev.tpz], 1).astype(np.float64)[real]
     d /= np.linalg.norm(d, axis=1, keepdims=True)
     local = np.einsum("nij,ni->nj", t["rot"][row[real]], d)  # R^T d: direction in (u, v, w)
     cos_w = np.abs(local[:, 2])
-    n_u = np.rint(ev.cells[real, CLUSTER_FEATURES.index("lx")] / g.pitch_u)
-    n_v = np.rint(ev.cells[real, CLUSTER_FEATURES.index("ly")] / g.pitch_v)
-    cf = ev.cells[real, CLUSTER_FEATURES.index("charge_frac")].astype(np.float64)
-    uncapped = np.abs(local[:, :2]).max(1) / cos_w * g.thickness / min(g.pitch_u, g.pitch_v) < g.max_cluster_pixels
-    assert uncapped.mean() > 0.99
-    # Σ value over the n_u + n_v − 1 crossed pixels = the path length through the sensor.
-    np.testing.assert_allclose((cf * (n_u + n_v - 1))[uncapped], g.thickness / cos_w[uncapped], rtol=1e-6)
+    depth = np.where(ev.volume_id[real] == 8, g.depth_barrel, g.depth_endcap)
+    total = np.bincount(ev.cell_hit, ev.cell_value.astype(np.float64), minlength=ev.num_hits)[real]
+    # Clusters cut by a module edge carry less; all others carry the whole path.
+    whole = np.isclose(total, depth / cos_w, rtol=1e-5)
+    assert whole.mean() > 0.97 and np.all(total <= depth / cos_w * (1 + 1e-5))
     assert np.all(ev.cells[:, CLUSTER_FEATURES.index("lz")] == np.float32(2 * g.module_t))
+    # A cell per pixel: no pixel twice within a hit.
+    assert len(np.unique(np.stack([ev.cell_hit, ev.cell_ch0, ev.cell_ch1], 1), axis=0)) == len(ev.cell_hit)
 
 
 @pytest.mark.parametrize("bad", [dict(lx=np.ones(2)), dict(axes=np.zeros((2, 3, 3))), dict(axes=np.zeros((3, 3)))])

@@ -38,6 +38,13 @@ def gzip_event(prefix: Path) -> None:
         p.unlink()
 
 
+def without_cells(ev: TrackingEvent) -> TrackingEvent:
+    """A copy without its cell table (the writer then synthesises cells from the features)."""
+    ev = ev.copy()
+    ev.cell_hit = ev.cell_ch0 = ev.cell_ch1 = ev.cell_value = None
+    return ev
+
+
 def read_cells(prefix: Path) -> np.ndarray:
     return np.loadtxt(prefix.parent / (prefix.name + "-cells.csv"), delimiter=",", skiprows=1, ndmin=2)
 
@@ -53,10 +60,24 @@ def test_round_trip_is_exact(event: TrackingEvent, written: Path) -> None:
     assert back.cells.dtype == np.float32
     for j, name in enumerate(CLUSTER_FEATURES):
         assert np.array_equal(back.cells[:, j], event.cells[:, j]), name
+    # The generated event's own pixel cells are written and read back exactly.
+    for name in ("cell_hit", "cell_ch0", "cell_ch1", "cell_value"):
+        a, b = getattr(event, name), getattr(back, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
 
 
-def test_writer_cells_are_a_staircase_of_equal_values(event: TrackingEvent, written: Path) -> None:
+def test_writer_writes_the_events_own_cells(event: TrackingEvent, written: Path) -> None:
     cells = read_cells(written)
+    assert len(cells) == len(event.cell_hit) > event.num_hits
+    assert np.array_equal(cells[:, 0].astype(int), event.hit_id[event.cell_hit])
+    assert np.array_equal(cells[:, 1].astype(int), event.cell_ch0) and np.array_equal(cells[:, 2].astype(int), event.cell_ch1)
+    assert np.array_equal(cells[:, 3].astype(np.float32), event.cell_value)
+
+
+def test_writer_cells_are_a_staircase_of_equal_values(event: TrackingEvent, tmp_path: Path) -> None:
+    event = without_cells(event)
+    write_trackml_event(event, tmp_path, "event000001000")
+    cells = read_cells(tmp_path / "event000001000")
     hid, ch0, ch1, value = cells[:, 0].astype(int), cells[:, 1].astype(int), cells[:, 2].astype(int), cells[:, 3]
     n_u = np.rint(event.cells[:, LX] / GEOMETRY.pitch_u).astype(int)
     n_v = np.rint(event.cells[:, LY] / GEOMETRY.pitch_v).astype(int)
@@ -92,7 +113,7 @@ def test_round_trip_of_a_preset_cloud(tmp_path: Path) -> None:
 
 
 def test_hits_without_cluster_round_trip_as_hits_without_cells(event: TrackingEvent, tmp_path: Path) -> None:
-    ev = event.copy()
+    ev = without_cells(event)
     ev.cells[:3] = 0.0
     write_trackml_event(ev, tmp_path, "event000000007")
     cells = read_cells(tmp_path / "event000000007")
@@ -103,7 +124,7 @@ def test_hits_without_cluster_round_trip_as_hits_without_cells(event: TrackingEv
 
 
 def test_writer_rejects_bad_charge_frac(event: TrackingEvent, tmp_path: Path) -> None:
-    ev = event.copy()
+    ev = without_cells(event)
     ev.cells[5, CF] = -0.1
     with pytest.raises(ValueError, match=rf"charge_frac.*hit_id {int(ev.hit_id[5])}"):
         write_trackml_event(ev, tmp_path, "event000000008")
@@ -335,3 +356,25 @@ def test_reader_keeps_only_pixel_volumes(tmp_path: Path) -> None:
     np.testing.assert_allclose(lx, [2 * 0.05, 0.05], rtol=1e-7)
     # charge_frac is the mean cell value (not the largest cell's share): (0.3 + 0.2) / 2 and 0.125 / 1.
     assert cf.tolist() == [np.float32(0.25), np.float32(0.125)]
+
+
+def test_detectors_file_is_the_shipped_real_table(written: Path) -> None:
+    from pointformers.data.tracking import DETECTORS_FILE, module_table
+
+    back = read_detectors(written.parent / "detectors.csv")
+    shipped = read_detectors(DETECTORS_FILE)
+    t = module_table()
+    assert len(back["module_id"]) == 4004
+    for name, a in t.items():
+        assert np.array_equal(back[name], a) and np.array_equal(shipped[name], a), name
+
+
+def test_a_real_style_event_round_trips_its_cells(event: TrackingEvent, tmp_path: Path) -> None:
+    """Reading gives back the cells as written, and writing what was read gives the same files."""
+    write_trackml_event(event, tmp_path / "a", "event000000001")
+    first = read_trackml_event(tmp_path / "a" / "event000000001")
+    write_trackml_event(first, tmp_path / "b", "event000000001")
+    for kind in ("hits", "cells", "truth", "particles"):
+        a = (tmp_path / "a" / f"event000000001-{kind}.csv").read_text()
+        b = (tmp_path / "b" / f"event000000001-{kind}.csv").read_text()
+        assert a == b, kind

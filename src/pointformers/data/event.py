@@ -23,6 +23,8 @@ HIT_FIELDS = (
 #: Fields with one row per particle.
 PARTICLE_FIELDS = ("particles_id", "vx", "vy", "vz", "px", "py", "pz", "q", "nhits")
 _OPTIONAL_HIT_FIELDS = ("tx", "ty", "tz", "tpx", "tpy", "tpz", "sector_own", "particle_layers")
+#: Optional fields with one row per pixel cell (TrackML ``cells.csv``): all set or all ``None``.
+CELL_FIELDS = ("cell_hit", "cell_ch0", "cell_ch1", "cell_value")
 
 
 @dataclass
@@ -49,6 +51,11 @@ class TrackingEvent:
             the hit's particle hit in the whole event (0 for noise; the authors'
             ``n_layers_hit``); :attr:`reconstructable` uses it, so a particle cut by a sector
             boundary keeps its whole-event status. ``None`` for whole events.
+    Cell arrays, shape ``(c,)``, optional (all four or none; ``None`` when unknown):
+        cell_hit: int32 row (0-based, into the hit arrays) of the hit each pixel cell belongs to.
+        cell_ch0, cell_ch1: int32 pixel indices along the module's u and v axes (TrackML ch0, ch1).
+        cell_value: float32 TrackML cell ``value``: the track's path length in the pixel [mm].
+        Cells are grouped by hit (non-decreasing ``cell_hit``); a hit may have none.
     Particle arrays, shape ``(p,)``:
         particles_id (int64), vx, vy, vz [mm] and px, py, pz [GeV] at production (float32),
         q (int64 charge), nhits (int64 number of hits the particle left).
@@ -85,6 +92,10 @@ class TrackingEvent:
     tpz: np.ndarray | None = None
     sector_own: np.ndarray | None = None
     particle_layers: np.ndarray | None = None
+    cell_hit: np.ndarray | None = None
+    cell_ch0: np.ndarray | None = None
+    cell_ch1: np.ndarray | None = None
+    cell_value: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = int(np.shape(self.x)[0])
@@ -100,6 +111,24 @@ class TrackingEvent:
         for name in PARTICLE_FIELDS:
             if np.shape(getattr(self, name))[:1] != (p,):
                 raise ValueError(f"{name}: expected {p} rows (one per particle), got {np.shape(getattr(self, name))}")
+        given = [name for name in CELL_FIELDS if getattr(self, name) is not None]
+        if given:
+            if len(given) != len(CELL_FIELDS):
+                missing = [name for name in CELL_FIELDS if name not in given]
+                raise ValueError(f"{missing[0]}: the cell table needs all of {list(CELL_FIELDS)} or none")
+            c = int(np.shape(self.cell_hit)[0]) if np.ndim(self.cell_hit) == 1 else -1
+            for name in CELL_FIELDS:
+                if np.ndim(getattr(self, name)) != 1 or np.shape(getattr(self, name))[0] != c:
+                    raise ValueError(f"{name}: expected {c} rows (one per cell), got shape {np.shape(getattr(self, name))}")
+            hit = np.asarray(self.cell_hit)
+            if c and (hit.min() < 0 or hit.max() >= n or (np.diff(hit) < 0).any()):
+                raise ValueError(f"cell_hit: expected non-decreasing hit rows in [0, {n}), got range "
+                                 f"[{hit.min()}, {hit.max()}]" + (" (not sorted)" if (np.diff(hit) < 0).any() else ""))
+
+    @property
+    def has_cell_table(self) -> bool:
+        """True when the event carries its pixel cells (:data:`CELL_FIELDS`)."""
+        return self.cell_hit is not None
 
     # ------------------------------------------------------------------ hit geometry
     @property
@@ -208,8 +237,19 @@ class TrackingEvent:
                 kw[f.name] = None if v is None else v[hit_mask]
             elif f.name in PARTICLE_FIELDS:
                 kw[f.name] = v if particle_mask is None else v[particle_mask]
+            elif f.name in CELL_FIELDS:
+                kw[f.name] = None
             else:
                 kw[f.name] = v
+        if self.has_cell_table:
+            # The kept hits' cells, in the new hit order (a hit listed twice gets its cells twice).
+            rows = np.arange(self.num_hits)[hit_mask]
+            start = np.searchsorted(np.asarray(self.cell_hit, np.int64), np.arange(self.num_hits + 1))
+            count = (start[1:] - start[:-1])[rows]
+            new_hit = np.repeat(np.arange(len(rows)), count)
+            src = np.repeat(start[:-1][rows] - (np.cumsum(count) - count), count) + np.arange(int(count.sum()))
+            kw.update(cell_hit=new_hit.astype(np.int32), cell_ch0=self.cell_ch0[src], cell_ch1=self.cell_ch1[src],
+                      cell_value=self.cell_value[src])
         kw.update(meta)
         return TrackingEvent(**kw)
 
@@ -236,7 +276,9 @@ def pack_events(events: Sequence[TrackingEvent]) -> dict[str, np.ndarray]:
 
     Returns per-field concatenations plus ``hit_offsets``/``particle_offsets`` ``(len+1,)``,
     ``event_ids``/``sectors`` ``(len,)``. Optional per-hit fields (truth at hit,
-    ``sector_own``, ``particle_layers``) are stored only when every event has them.
+    ``sector_own``, ``particle_layers``) are stored only when every event has them; so is the
+    cell table (:data:`CELL_FIELDS`, with ``cell_offsets`` ``(len+1,)``; ``cell_hit`` stays
+    relative to each event's hits).
     """
     out: dict[str, np.ndarray] = {}
     out["hit_offsets"] = np.concatenate([[0], np.cumsum([e.num_hits for e in events])]).astype(np.int64)
@@ -256,13 +298,22 @@ def pack_events(events: Sequence[TrackingEvent]) -> dict[str, np.ndarray]:
             out[name] = arr
         else:
             out[name] = getattr(template, name) if getattr(template, name) is not None else np.zeros(0, np.float32)
+    if events and all(e.has_cell_table for e in events):
+        out["cell_offsets"] = np.concatenate([[0], np.cumsum([len(e.cell_hit) for e in events])]).astype(np.int64)
+        out["cell_hit"] = np.concatenate([e.cell_hit for e in events]).astype(np.int32)
+        for name in ("cell_ch0", "cell_ch1"):  # pixel indices < 1280: int16 on disk when they fit
+            arr = np.concatenate([getattr(e, name) for e in events])
+            small = arr.size == 0 or (arr.min() >= -(2 ** 15) and arr.max() < 2 ** 15)
+            out[name] = arr.astype(np.int16 if small else np.int32)
+        out["cell_value"] = np.concatenate([e.cell_value for e in events]).astype(np.float32)
     return out
 
 
 def unpack_events(arrays: dict[str, np.ndarray]) -> list[TrackingEvent]:
     """Inverse of :func:`pack_events`."""
     ho, po = arrays["hit_offsets"], arrays["particle_offsets"]
-    arrays = {k: (v.astype(np.int64) if v.dtype.kind in "iu" else v) for k, v in arrays.items()}
+    arrays = {k: (v.astype(np.int32 if k in CELL_FIELDS else np.int64) if v.dtype.kind in "iu" else v)
+              for k, v in arrays.items()}
     events = []
     for i in range(len(arrays["event_ids"])):
         kw: dict = {}
@@ -270,5 +321,9 @@ def unpack_events(arrays: dict[str, np.ndarray]) -> list[TrackingEvent]:
             kw[name] = arrays[name][ho[i]:ho[i + 1]] if name in arrays else None
         for name in PARTICLE_FIELDS:
             kw[name] = arrays[name][po[i]:po[i + 1]]
+        if "cell_offsets" in arrays:
+            co = arrays["cell_offsets"]
+            for name in CELL_FIELDS:
+                kw[name] = arrays[name][co[i]:co[i + 1]]
         events.append(TrackingEvent(event_id=int(arrays["event_ids"][i]), sector=int(arrays["sectors"][i]), **kw))
     return events

@@ -83,11 +83,18 @@ Hits without cells warn and get all 8 cluster features 0.
 
 Writing
 -------
-:func:`write_trackml_event` writes, per hit with a cluster (``lx`` or ``ly`` > 0), the
-``n_u + n_v − 1`` cells of a straight staircase spanning ``n_u × n_v`` pixels
-(``n_u = lx / pitch_u``, ``n_v = ly / pitch_v``), each with ``value = charge_frac``, and
-writes ``detectors.csv`` with float64 numbers printed exactly, so that
-``read_trackml_event(write_trackml_event(e))`` gives back e's float32 features bit for bit.
+:func:`write_trackml_event` writes the event's own pixel cells when it has a cell table
+(:data:`~pointformers.data.event.CELL_FIELDS`; every generated event and every event read
+by this module has one). For an event without, it writes per hit with a cluster (``lx`` or
+``ly`` > 0) the ``n_u + n_v − 1`` cells of a straight staircase spanning ``n_u × n_v`` pixels
+(``n_u = lx / pitch_u``, ``n_v = ly / pitch_v``), each with ``value = charge_frac``. It writes
+``detectors.csv`` (the real TrackML pixel modules shipped with the package) with float64
+numbers printed exactly, so that ``read_trackml_event(write_trackml_event(e))`` gives back e's
+float32 features bit for bit, and its cells exactly.
+
+The reader keeps the cells of the pixel hits as the event's cell table (grouped by hit, in
+file order within a hit), and the features of generated events are computed from their cells
+by the same function (:func:`~pointformers.data.tracking.cluster_features_from_cells`).
 """
 from __future__ import annotations
 
@@ -101,7 +108,7 @@ from typing import IO, Iterator, Mapping
 import numpy as np
 
 from .event import CLUSTER_FEATURES, TrackingEvent
-from .tracking import GEOMETRY, PixelGeometry, cluster_features, module_table
+from .tracking import GEOMETRY, PixelGeometry, cluster_features_from_cells, module_table
 
 #: TrackML volume ids of the pixel detector (end cap -z, barrel, end cap +z).
 PIXEL_VOLUMES = (7, 8, 9)
@@ -219,8 +226,11 @@ def _lookup(keys_table: np.ndarray, keys: np.ndarray) -> np.ndarray:
 def write_detectors(path: str | Path, geo: PixelGeometry = GEOMETRY) -> Path:
     """Write the simulated detector's modules as a TrackML ``detectors.csv``.
 
-    Floating-point columns are printed with Python's shortest round-trip ``repr``, so the
-    reader recovers the float64 module frames exactly.
+    These are the real TrackML pixel modules (volumes 7, 8, 9) shipped with the package
+    (:func:`~pointformers.data.tracking.module_table`: the challenge's ``detectors.csv`` as
+    distributed in the HEPT authors' repository; Amrouche et al. 2019). Floating-point columns
+    are printed with Python's shortest round-trip ``repr``, so the reader recovers the float64
+    module frames exactly.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -290,9 +300,11 @@ def write_trackml_event(
     """Write ``event`` as TrackML CSV files in ``directory``.
 
     Writes ``<event_name>-{hits,cells,truth,particles}.csv`` and (unless
-    ``write_detectors_file`` is False) ``detectors.csv`` for the simulated geometry. Cells are
-    synthesised from the cluster features (see the module docstring) so that reading the
-    folder back gives the same float32 features. Missing truth-at-hit fields (``tx`` …) are
+    ``write_detectors_file`` is False) ``detectors.csv`` for the simulated geometry (the real
+    TrackML pixel modules). An event with a cell table (``event.cell_hit`` …, e.g. every
+    generated event) gets exactly its own cells; for one without, cells are synthesised from
+    the cluster features (see the module docstring). Either way reading the folder back gives
+    the same float32 features (and the same cells). Missing truth-at-hit fields (``tx`` …) are
     filled with the measured position and the particle's production momentum. Returns the
     written paths by kind.
     """
@@ -301,7 +313,11 @@ def write_trackml_event(
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     paths = {kind: d / f"{event_name}-{kind}.csv" for kind in _KINDS}
-    hid, ch0, ch1, value = _synthesise_cells(event, geo)
+    if event.has_cell_table:
+        hid, ch0, ch1, value = (event.hit_id[event.cell_hit], event.cell_ch0, event.cell_ch1,
+                                np.asarray(event.cell_value, np.float32))
+    else:
+        hid, ch0, ch1, value = _synthesise_cells(event, geo)
     _write_csv(paths["hits"], [("hit_id", event.hit_id, "%d"), ("x", event.x, _FLOAT), ("y", event.y, _FLOAT),
                                ("z", event.z, _FLOAT), ("volume_id", event.volume_id, "%d"),
                                ("layer_id", event.layer_id, "%d"), ("module_id", event.module_id, "%d")])
@@ -388,37 +404,16 @@ def _detector_table(detectors: object, folder: Path) -> tuple[Mapping[str, np.nd
     raise ValueError(f"detectors: expected a path, a read_detectors table or None, got {type(detectors).__name__}")
 
 
-def _cell_summary(cells: dict[str, np.ndarray], hit_ids: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Per hit: cluster extents ``n_u, n_v``, number of cells and mean cell value.
+def _cell_rows(cells: dict[str, np.ndarray], hit_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Hit row of each cell of a kept hit, and the cells' positions in the file.
 
-    ``n_u = max ch0 − min ch0 + 1``, ``n_v = max ch1 − min ch1 + 1`` (0 for a hit without
-    cells); the mean is Σ value / number of cells over the values rounded to float32 (as the
-    TrackML library reads them), summed in float64 (float64 array; 0 without cells). The
-    authors' pandas code sums float32 cells in float32 (a grouped sum whose rounding depends on
-    the pandas version): on a real event 9 % of hits with ≥ 3 cells then differ by 1–2 float32
-    ulps (≤ 1.5e-8); one- and two-cell clusters agree exactly.
+    Cells of hits that were not kept (other volumes, unknown hit ids) are dropped; the rest are
+    stably sorted by hit row, so a file grouped by hit keeps its order.
     """
-    n = len(hit_ids)
-    n_u = np.zeros(n, np.int64)
-    n_v = np.zeros(n, np.int64)
-    count = np.zeros(n, np.int64)
-    mean = np.zeros(n)
     row = _lookup(hit_ids, cells["hit_id"])
-    keep = row >= 0
-    if not keep.any():
-        return n_u, n_v, count, mean
-    row = row[keep]
-    order = np.argsort(row, kind="stable")
-    r = row[order]
-    ch0, ch1 = cells["ch0"][keep][order], cells["ch1"][keep][order]
-    val = cells["value"][keep][order].astype(np.float32).astype(np.float64)
-    starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
-    h = r[starts]
-    n_u[h] = np.maximum.reduceat(ch0, starts) - np.minimum.reduceat(ch0, starts) + 1
-    n_v[h] = np.maximum.reduceat(ch1, starts) - np.minimum.reduceat(ch1, starts) + 1
-    count[h] = np.diff(np.r_[starts, len(r)])
-    mean[h] = np.add.reduceat(val, starts) / count[h]
-    return n_u, n_v, count, mean
+    src = np.flatnonzero(row >= 0)
+    src = src[np.argsort(row[src], kind="stable")]
+    return row[src], src
 
 
 def _check_truth_flag(truth: object) -> bool:
@@ -515,11 +510,14 @@ def _read_event(src: Path, table: Mapping[str, np.ndarray] | None, where: str, t
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(f"{paths['cells']}, line {_data_line(paths['cells'], i)}, column 'value': "
                          f"{cells['value'][i]} is not a finite number")
-    n_u, n_v, n_cells, mean_value = _cell_summary(cells, hits["hit_id"])
+    n = len(hits["hit_id"])
+    cell_hit, cell_src = _cell_rows(cells, hits["hit_id"])
+    cell_table = dict(cell_hit=cell_hit.astype(np.int32), cell_ch0=cells["ch0"][cell_src].astype(np.int32),
+                      cell_ch1=cells["ch1"][cell_src].astype(np.int32), cell_value=cells["value"][cell_src].astype(np.float32))
+    n_cells = np.bincount(cell_hit, minlength=n)
     if (n_cells == 0).any():
         warnings.warn(f"{paths['cells']}: {int((n_cells == 0).sum())} pixel hits have no cells; "
                       "their cluster features are 0", stacklevel=3)
-    n = len(n_u)
     if table is not None:
         mrow = _lookup(_module_keys(table["volume_id"], table["layer_id"], table["module_id"]),
                        _module_keys(hits["volume_id"], hits["layer_id"], hits["module_id"]))
@@ -534,19 +532,19 @@ def _read_event(src: Path, table: Mapping[str, np.ndarray] | None, where: str, t
         g = GEOMETRY
         pitch_u, pitch_v, module_t = np.full(n, g.pitch_u), np.full(n, g.pitch_v), np.full(n, g.module_t)
         rot = np.broadcast_to(np.eye(3), (n, 3, 3))
-    with_cells = n_cells > 0
-    feats = cluster_features(n_u * pitch_u, n_v * pitch_v, np.where(with_cells, 2 * module_t, 0.0), mean_value, rot)
+    # The same code computes the features of generated events from their cells.
+    feats, _ = cluster_features_from_cells(cell_hit, cell_table["cell_ch0"], cell_table["cell_ch1"],
+                                           cell_table["cell_value"], n, pitch_u, pitch_v, module_t, rot)
     if table is None:
         feats[:, CLUSTER_FEATURES.index("geta")] = 0.0
         feats[:, CLUSTER_FEATURES.index("gphi")] = 0.0
-    feats[~with_cells] = 0.0
 
     f32 = np.float32
     m = re.search(r"(\d+)$", src.name)
     event_id = int(m.group(1)) if m else 0
     geometry = dict(hit_id=hits["hit_id"], x=hits["x"].astype(f32), y=hits["y"].astype(f32), z=hits["z"].astype(f32),
                     volume_id=hits["volume_id"], layer_id=hits["layer_id"], module_id=hits["module_id"], cells=feats,
-                    event_id=event_id, sector=-1)
+                    event_id=event_id, sector=-1, **cell_table)
     if not truth:
         f0, i0 = np.zeros(0, f32), np.zeros(0, np.int64)
         return TrackingEvent(**geometry, particle_id=np.zeros(n, np.int64), weight=np.zeros(n, f32),
