@@ -50,7 +50,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import torch
+
+from .trackml_score import hit_array, hit_ids
 
 __all__ = ["MATCH_KINDS", "DEFAULT_PT_EDGES", "DEFAULT_ETA_EDGES", "TrackMatching", "particle_eta",
            "match_tracks", "track_match_counts", "match_rates", "track_matching_metrics",
@@ -67,29 +68,6 @@ DEFAULT_ETA_EDGES: tuple[float, ...] = (-4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3
 OVERALL_KEYS: tuple[str, ...] = ("eff_dm", "eff_perfect", "eff_lhc", "fake_dm", "dup_lhc")
 
 _COUNT_KEYS = ("particles", "tracks") + tuple(f"matched_{w}_{k}" for k in MATCH_KINDS for w in ("tracks", "particles"))
-
-
-def _np1d(a, name: str, n: int | None = None) -> np.ndarray:
-    if isinstance(a, torch.Tensor):
-        a = a.detach().cpu().numpy()
-    try:
-        arr = np.asarray(a)
-    except Exception as exc:  # pragma: no cover - defensive
-        raise ValueError(f"{name}: cannot convert to an array ({exc})") from exc
-    if arr.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-D array (one value per hit), got shape {arr.shape}")
-    if n is not None and arr.shape[0] != n:
-        raise ValueError(f"{name}: expected {n} values (one per hit), got {arr.shape[0]}")
-    return arr
-
-
-def _ids(a, name: str, n: int | None = None) -> np.ndarray:
-    arr = _np1d(a, name, n)
-    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-        raise ValueError(f"{name}: expected integer ids, got dtype {arr.dtype}")
-    if np.issubdtype(arr.dtype, np.floating) and (not np.isfinite(arr).all() or (arr != np.round(arr)).any()):
-        raise ValueError(f"{name}: expected integer ids, got non-integer or non-finite values")
-    return arr.astype(np.int64)
 
 
 def _check_count(v, name: str) -> int:
@@ -179,9 +157,9 @@ def match_tracks(labels, particle_id, min_hits: int = 3) -> TrackMatching:
         ValueError: naming the argument, on shapes, non-integer ids, negative particle ids or
             ``min_hits < 1``.
     """
-    lab = _ids(labels, "labels")
+    lab = hit_ids(labels, "labels")
     n = lab.shape[0]
-    pid = _ids(particle_id, "particle_id", n)
+    pid = hit_ids(particle_id, "particle_id", n)
     if (pid < 0).any():
         raise ValueError("particle_id: expected ids >= 0 (0 = noise), got a negative id")
     min_hits = _check_count(min_hits, "min_hits")
@@ -222,7 +200,7 @@ def match_tracks(labels, particle_id, min_hits: int = 3) -> TrackMatching:
 
 def _per_particle(values, name: str, n: int, particle_id: np.ndarray, dtype=np.float64) -> np.ndarray:
     """A per-hit truth array reduced to one value per particle (its first hit's)."""
-    arr = _np1d(values, name, n)
+    arr = hit_array(values, name, n)
     if dtype is bool:
         if arr.dtype != bool and not np.isin(arr, (0, 1)).all():
             raise ValueError(f"{name}: expected booleans (or 0/1)")
@@ -246,7 +224,7 @@ class _Truth:
 
 def _truth(labels, particle_id, pt, eta, reconstructable, owned, min_hits) -> _Truth:
     m = match_tracks(labels, particle_id, min_hits)
-    pid = _ids(particle_id, "particle_id")
+    pid = hit_ids(particle_id, "particle_id")
     n = pid.shape[0]
     ptp = _per_particle(pt, "pt", n, pid)
     etap = _per_particle(eta, "eta", n, pid)

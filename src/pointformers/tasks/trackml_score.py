@@ -31,10 +31,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
-__all__ = ["trackml_score", "trackml_score_split", "trackml_like_weights"]
+__all__ = ["trackml_score", "trackml_score_split", "trackml_like_weights", "hit_array", "hit_ids"]
 
 
-def _as_1d(a, name: str, n: int | None = None) -> np.ndarray:
+def hit_array(a, name: str, n: int | None = None) -> np.ndarray:
+    """``a`` (array or tensor) as a 1-D numpy array of one value per hit; ValueError naming ``name``."""
     if isinstance(a, torch.Tensor):
         a = a.detach().cpu().numpy()
     try:
@@ -48,8 +49,9 @@ def _as_1d(a, name: str, n: int | None = None) -> np.ndarray:
     return arr
 
 
-def _as_int_ids(a, name: str, n: int | None = None) -> np.ndarray:
-    arr = _as_1d(a, name, n)
+def hit_ids(a, name: str, n: int | None = None) -> np.ndarray:
+    """:func:`hit_array` of integer ids (integral floats accepted) as int64; ValueError naming ``name``."""
+    arr = hit_array(a, name, n)
     if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
         raise ValueError(f"{name}: expected integer ids, got dtype {arr.dtype}")
     if np.issubdtype(arr.dtype, np.floating):
@@ -72,10 +74,10 @@ def trackml_score(track_id, particle_id, weight) -> float:
     Raises:
         ValueError: on mismatched lengths, non-integer ids, or non-finite / negative weights.
     """
-    tid = _as_int_ids(track_id, "track_id")
+    tid = hit_ids(track_id, "track_id")
     n = tid.shape[0]
-    pid = _as_int_ids(particle_id, "particle_id", n)
-    w = _as_1d(weight, "weight", n)
+    pid = hit_ids(particle_id, "particle_id", n)
+    w = hit_array(weight, "weight", n)
     if w.dtype == bool or not np.issubdtype(w.dtype, np.number):
         raise ValueError(f"weight: expected numbers, got dtype {w.dtype}")
     w = w.astype(np.float64)
@@ -137,10 +139,10 @@ def trackml_like_weights(particle_id, pt, order) -> np.ndarray:
         order: ``(n,)`` any key that increases along the track (e.g. the hit's distance from
             the interaction point, or its step number).
     """
-    pid = _as_int_ids(particle_id, "particle_id")
+    pid = hit_ids(particle_id, "particle_id")
     n = pid.shape[0]
-    ptv = _as_1d(pt, "pt", n).astype(np.float64)
-    key = _as_1d(order, "order", n).astype(np.float64)
+    ptv = hit_array(pt, "pt", n).astype(np.float64)
+    key = hit_array(order, "order", n).astype(np.float64)
     if not (np.isfinite(ptv).all() and np.isfinite(key).all()):
         raise ValueError("pt/order: contain non-finite values")
     w = np.zeros(n)
