@@ -388,7 +388,7 @@ def check_outputs(out: str | os.PathLike, names: Sequence[str], force: bool) -> 
 
 def _write_outputs(tracks: Path, npz: Path, hit_id: np.ndarray, emb: np.ndarray, track_id: np.ndarray,
                    eps: float) -> None:
-    from .engine.checkpoint import atomic_write
+    from .files import atomic_write
 
     lines = "".join(f"{h},{t}\n" for h, t in zip(hit_id.tolist(), track_id.tolist()))
     atomic_write(tracks, lambda f: f.write(("hit_id,track_id\n" + lines).encode()))

@@ -409,7 +409,7 @@ def plot_features(gen: np.ndarray, real: np.ndarray | None, path: str | os.PathL
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..engine.checkpoint import atomic_write
+    from ..files import atomic_write
     from ..tasks.tracking import TRACKING_FEATURES
 
     fig, axes = plt.subplots(3, 5, figsize=(17, 9.5))

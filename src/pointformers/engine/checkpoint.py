@@ -18,17 +18,17 @@ removed and the previous file at the destination is untouched.
 """
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
-import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import nn
+
+from ..files import atomic_write
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -48,48 +48,6 @@ _VERSION = 1
 
 class CheckpointError(ValueError):
     """A checkpoint file is missing, unreadable, corrupted or not a pointformers checkpoint."""
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Persist the rename itself (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[io.BufferedWriter], None]) -> Path:
-    """Write a file atomically: ``write(f)`` fills a temporary file next to ``path``, which is
-    fsynced and then renamed onto ``path``. On any failure (including ``KeyboardInterrupt``)
-    the temporary file is deleted, the exception propagates and ``path`` is unchanged.
-
-    Returns:
-        ``path`` as a :class:`~pathlib.Path`.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Same directory as the target: os.replace is only atomic within one file system.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # also Ctrl-C: never leave the partial temporary file behind
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-    return path
 
 
 def remove_stale_temporaries(directory: str | os.PathLike, names: tuple[str, ...]) -> list[Path]:

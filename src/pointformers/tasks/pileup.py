@@ -460,7 +460,7 @@ def draw_pileup_curves(path: Union[str, Path], curves: Mapping[str, tuple[Sequen
     from matplotlib.figure import Figure
     from sklearn.metrics import precision_recall_curve, roc_curve
 
-    from ..engine.checkpoint import atomic_write
+    from ..files import atomic_write
 
     if not curves:
         raise ValueError("curves: need at least one (scores, labels) pair to draw")

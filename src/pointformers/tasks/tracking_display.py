@@ -195,7 +195,7 @@ def draw_event_display(path: str | os.PathLike, x, y, pred_labels, particle_id, 
 
 def _save_png(fig, path: str | os.PathLike) -> Path:
     """Write ``fig`` as a PNG atomically (readers never see a half-written file)."""
-    from ..engine.checkpoint import atomic_write
+    from ..files import atomic_write
 
     return atomic_write(path, lambda f: fig.savefig(f, format="png"))
 
