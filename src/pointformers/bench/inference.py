@@ -16,7 +16,7 @@ all sizes in increasing order, so one compilation serves every size and the thre
 any kernel runs. Inputs are the first N hits of a generated tracking event. Ratios are taken between
 numbers measured in the same run. The onnxruntime worker also reports the fraction of points whose
 embedding agrees with ``eager`` to 1e-3 (relative L2): HEPT's sort makes float32 implementations differ
-at near-ties (see /work/shared/reference/README.md).
+at near-ties (see README.md, "Using the authors' checkpoint").
 
 Usage: ``python -m pointformers.bench.inference [--sizes 6000 60000] [--threads 1 2] [--quick]
 [--write docs/benchmarks.md]``.

@@ -75,7 +75,7 @@ def check_export(path: str | Path, model, n: int = 6000, threads: int | None = N
 
     Returns ``{"n", "max_abs", "agree_1e-5", "agree_1e-3", "agree_1e-1", "seconds"}``: the fraction of points
     whose embedding agrees to a relative L2 tolerance (HEPT's sort makes its output
-    discontinuous; in float32 judge by this fraction, see /work/shared/reference/README.md).
+    discontinuous; in float32 judge by this fraction, see README.md, "Using the authors' checkpoint").
     """
     import torch
 

@@ -38,7 +38,7 @@ constants (softmax scales) in float32; torch.export reproduces every path to rou
 compare by the fraction of points that agree: HEPT's trained checkpoint is ill-conditioned (ω up
 to 1.7e7, logits as differences of order-1e8 terms), so float32 onnxruntime and float32 PyTorch
 agree on ~68% of points to 1e-3 and ~99% to 1e-1 at 6k points — as float32 and float64 PyTorch
-do (see /work/shared/reference/README.md).
+do (see README.md, "Using the authors' checkpoint").
 """
 from __future__ import annotations
 
