@@ -114,17 +114,28 @@ def test_undefined_and_bad_inputs():
 
 
 def test_trackml_like_weights_hand_computed():
-    # particle 4: five hits at pT 0.75 (w_pT = 0.2 + 0.8·0.5 = 0.6), order given shuffled;
+    """The challenge's weights: the order profile (10, 8, 6, 5, 3, 3, 3, 5, 6) stretched over a
+    particle's n hits (knots at k·(n − 1)/8) and normalised per particle; w_pT through (0.05, 0.2),
+    (0.5, 0.2), (3, 1)."""
+    # particle 4: five hits: knots at 0, 0.5, ..., 4 give profile values 10, 6, 3, 3, 6 at the
+    # ranks 0..4; pT 0.75 (w_pT = 0.2 + 0.8·0.25/2.5 = 0.28, common to all its hits);
     # particle 9: three hits (< 4: weight 0); noise: weight 0.
     pid = np.array([4, 9, 4, 0, 4, 9, 4, 4, 9])
     pt = np.array([0.75, 5.0, 0.75, 0.0, 0.75, 5.0, 0.75, 0.75, 5.0])
     order = np.array([3.0, 1, 1.0, 9, 5.0, 2, 2.0, 4.0, 3])
     w = trackml_like_weights(pid, pt, order)
-    raw = np.array([0.6, 0, 1.2, 0, 1.2, 0, 0.6, 0.6, 0])  # first (order 1) and last (order 5) hits doubled
+    raw = np.array([3, 0, 10, 0, 6, 0, 6, 3, 0.0])  # ranks 2, ., 0, ., 4, ., 1, 3, .
     np.testing.assert_allclose(w, raw / raw.sum())
-    # high pT saturates at 1, low pT at 0.2
+    # w_pT: 0.68 at 2 GeV, 0.2 at 0.1 GeV (same order weights)
     w2 = trackml_like_weights([1] * 4 + [2] * 4, [2.0] * 4 + [0.1] * 4, np.tile(np.arange(4.0), 2))
-    np.testing.assert_allclose(w2[:4] / w2[4:], 5.0)
+    np.testing.assert_allclose(w2[:4] / w2[4:], 3.4)
+    # four hits: profile at 0, 1, 2, 3 with knots k·3/8: 10, 6 − (1 − 0.75)/0.375, 3, 6
+    w4 = trackml_like_weights([1] * 4, [3.0] * 4, [0.0, 1.0, 2.0, 3.0])
+    prof = np.array([10.0, 6 - 0.25 / 0.375, 3.0, 6.0])
+    np.testing.assert_allclose(w4, prof / prof.sum())
+    # tied order keys share their average rank, truncated (ranks 0, 1.5 -> 1, 1.5 -> 1, 3)
+    wt = trackml_like_weights([1] * 4, [3.0] * 4, [0.0, 1.0, 1.0, 3.0])
+    np.testing.assert_allclose(wt, prof[[0, 1, 1, 3]] / prof[[0, 1, 1, 3]].sum())
     assert trackml_like_weights([0, 0], [0.0, 0.0], [0.0, 1.0]).sum() == 0.0
     with pytest.raises(ValueError, match="pt"):
         trackml_like_weights([1, 1], [1.0], [0.0, 1.0])

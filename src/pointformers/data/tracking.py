@@ -63,12 +63,11 @@ average of 56.7k pixel hits per event.
   that reads real TrackML files (:mod:`pointformers.data.trackml`), so
   ``write_trackml_event`` writes the event's own cells and reading them back gives the same
   features.
-* **Truth weights** (TrackML-like, simplified; the official table is not reproduced): hits of
-  particles with fewer than 4 hits and noise hits weigh 0; otherwise
-  w = w_pT · w_order with w_pT = 0.2 below 0.5 GeV rising linearly to 1 at 1 GeV, and
-  w_order = 2 for the first and last hit of the track, 1 in between; normalised to sum to 1
-  over the event; in a φ-sector cloud, hits of particles the sector does not own weigh 0 and
-  the rest are renormalised to sum to 1 over the cloud (:func:`split_sectors`).
+* **Truth weights**: the challenge's (:mod:`.trackml_weights`): ``w_pT · w_order`` with the hits of
+  each particle ranked by ``|tz − vz|``, noise and particles with < 4 pixel hits weighing 0,
+  normalised to sum to 1 over the event (the challenge counts hits over the whole detector; here
+  only pixel hits exist); in a φ-sector cloud, hits of particles the sector does not own weigh 0
+  and the rest are renormalised to sum to 1 over the cloud (:func:`split_sectors`).
 
 Known differences from real events (μ = 200, compared with test event 1 and HEPT's average):
 about 71k pixel hits per event (mean of 8; 61k–80k) instead of the
@@ -105,9 +104,10 @@ from scipy.spatial import cKDTree
 from .cache import (cache_path, cached_arrays, default_cache_dir, finite_param, param_error, params_from_preset,
                     resolve_generator_params, save_arrays)
 from .event import CLUSTER_FEATURES, TrackingEvent, empty_event, pack_events, unpack_events
+from .trackml_weights import trackml_weights
 
 #: Bump when the generator's output for given parameters changes (invalidates caches).
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 
 SPLITS = ("train", "val", "test")
 
@@ -1073,23 +1073,6 @@ def module_hits(cr: _Crossings, geo: PixelGeometry = GEOMETRY) -> ModuleHits:
 
 
 # ============================================================================ events
-def _truth_weights(particle: np.ndarray, step: np.ndarray, pt: np.ndarray) -> np.ndarray:
-    """TrackML-like truth weights for particle hits (see module docstring), ``(m,)``."""
-    w = np.zeros(len(particle))
-    if len(particle) == 0:
-        return w
-    order = np.lexsort((step, particle))
-    ps = particle[order]
-    start = np.r_[True, ps[1:] != ps[:-1]]
-    end = np.r_[ps[1:] != ps[:-1], True]
-    counts = np.bincount(ps)[ps]
-    w_pt = np.clip(0.2 + 0.8 * (pt[order] - 0.5) / 0.5, 0.2, 1.0)
-    w_order = np.where(start | end, 2.0, 1.0)
-    w[order] = np.where(counts >= 4, w_pt * w_order, 0.0)
-    total = w.sum()
-    return w / total if total > 0 else w
-
-
 def _noise_hits(n_noise: int, params: TrackingParams, rng: np.random.Generator,
                 geo: PixelGeometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Module rows, local positions ``(n, 2)`` and local directions ``(n, 3)`` of noise hits.
@@ -1174,7 +1157,9 @@ def simulate_event(
     # Particle table and truth weights.
     p_pt = np.hypot(particles.px, particles.py)
     weight = np.zeros(n)
-    weight[real] = _truth_weights(pidx[real], step[real], p_pt[pidx[real]])
+    # the challenge's weights: hits ranked by |tz − vz| (the truth position along z from the vertex)
+    weight[real] = trackml_weights(pidx[real] + 1, p_pt[pidx[real]],
+                                   np.abs(true_pos[real, 2] - particles.vz[pidx[real]]))
     n_particles = len(particles.q)
     nhits = np.bincount(pidx[real], minlength=n_particles).astype(np.int64)
     f32 = np.float32

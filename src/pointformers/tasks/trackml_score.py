@@ -124,38 +124,23 @@ def trackml_score_split(values: Sequence[float]) -> float:
 
 
 def trackml_like_weights(particle_id, pt, order) -> np.ndarray:
-    """The generator's TrackML-like truth weights, recomputed from per-hit truth, ``(n,)``.
-
-    Hits of noise (particle id 0) and of particles with fewer than 4 hits weigh 0 (TrackML's
-    rule). Otherwise ``w = w_pT · w_order`` with ``w_pT = clip(0.2 + 0.8·(pT − 0.5)/0.5, 0.2, 1)``
-    (0.2 below 0.5 GeV, 1 above 1 GeV) and ``w_order = 2`` for the first and last hit of the
-    particle along ``order``, 1 in between; normalised to sum to 1 (all zeros stay zeros).
-    This is the profile of :func:`pointformers.data.tracking` (the official TrackML table is
-    not reproduced).
+    """The TrackML challenge's truth weights recomputed from per-hit truth, ``(n,)``
+    (:func:`pointformers.data.trackml_weights.trackml_weights`, the formula of the challenge's
+    scoring library): ``w_pT · w_order``, noise and particles with < 4 hits weigh 0, normalised
+    to sum to 1 (all zeros stay zeros).
 
     Args:
         particle_id: ``(n,)`` int, 0 = noise.
         pt: ``(n,)`` the particle's transverse momentum at each hit [GeV].
-        order: ``(n,)`` any key that increases along the track (e.g. the hit's distance from
-            the interaction point, or its step number).
+        order: ``(n,)`` the key hits are ranked by along the particle (the challenge: ``|tz − vz|``;
+            any key that increases along the track, e.g. the distance from the origin).
     """
+    from ..data.trackml_weights import trackml_weights
+
     pid = hit_ids(particle_id, "particle_id")
     n = pid.shape[0]
     ptv = hit_array(pt, "pt", n).astype(np.float64)
     key = hit_array(order, "order", n).astype(np.float64)
     if not (np.isfinite(ptv).all() and np.isfinite(key).all()):
         raise ValueError("pt/order: contain non-finite values")
-    w = np.zeros(n)
-    real = np.flatnonzero(pid != 0)
-    if real.size == 0:
-        return w
-    srt = real[np.lexsort((key[real], pid[real]))]
-    ps = pid[srt]
-    start = np.r_[True, ps[1:] != ps[:-1]]
-    end = np.r_[ps[1:] != ps[:-1], True]
-    _, inv, counts = np.unique(ps, return_inverse=True, return_counts=True)
-    w_pt = np.clip(0.2 + 0.8 * (ptv[srt] - 0.5) / 0.5, 0.2, 1.0)
-    w_order = np.where(start | end, 2.0, 1.0)
-    w[srt] = np.where(counts[inv] >= 4, w_pt * w_order, 0.0)
-    total = w.sum()
-    return w / total if total > 0 else w
+    return trackml_weights(pid, ptv, key)
