@@ -325,7 +325,7 @@ def load_model(source: nn.Module | str | os.PathLike | Mapping[str, Any],
 
     if isinstance(source, Mapping):
         return model_from_checkpoint(source).to(dtype).eval()
-    from ..models.hept_tracking import REFERENCE_CHECKPOINTS, reference_checkpoint_path
+    from ..models.hept_tracking import REFERENCE_CHECKPOINTS, is_reference_state_dict, reference_checkpoint_path
 
     if isinstance(source, str) and source in REFERENCE_CHECKPOINTS:
         source = reference_checkpoint_path(source)
@@ -339,7 +339,7 @@ def load_model(source: nn.Module | str | os.PathLike | Mapping[str, Any],
                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
     if isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT:
         return model_from_checkpoint(path).to(dtype).eval()
-    if isinstance(obj, dict) and "regions" in obj and "feat_encoder.0.weight" in obj:
+    if is_reference_state_dict(obj):
         from ..models import from_reference_checkpoint
 
         # the exported graph pads by masking (duplication needs PyTorch's unstable sort order)

@@ -95,6 +95,11 @@ def reference_checkpoint_path(name_or_path: str | os.PathLike) -> Path:
     return p
 
 
+def is_reference_state_dict(obj: object) -> bool:
+    """True for a loaded authors' HEPT ``state_dict`` (keys ``regions`` and ``feat_encoder.0.weight``)."""
+    return isinstance(obj, dict) and "regions" in obj and "feat_encoder.0.weight" in obj
+
+
 def is_reference_checkpoint(name_or_path: str | os.PathLike) -> bool:
     """True for a shipped checkpoint name or a file holding an authors' HEPT ``state_dict``."""
     if isinstance(name_or_path, str) and name_or_path in REFERENCE_CHECKPOINTS:
@@ -103,7 +108,7 @@ def is_reference_checkpoint(name_or_path: str | os.PathLike) -> bool:
         sd = torch.load(reference_checkpoint_path(name_or_path), map_location="cpu", weights_only=True)
     except Exception:
         return False
-    return isinstance(sd, dict) and "regions" in sd and "feat_encoder.0.weight" in sd
+    return is_reference_state_dict(sd)
 
 
 def from_reference_checkpoint(path: str | os.PathLike = "hept-tracking-60k", dtype: torch.dtype = torch.float32,
@@ -123,7 +128,7 @@ def from_reference_checkpoint(path: str | os.PathLike = "hept-tracking-60k", dty
     """
     path = reference_checkpoint_path(path)
     ref = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(ref, dict) or "regions" not in ref or "feat_encoder.0.weight" not in ref:
+    if not is_reference_state_dict(ref):
         raise ValueError(f"{path!s}: not an authors' HEPT state_dict (expected keys 'regions', 'feat_encoder.0.weight')")
     n_hashes, _, heads = ref["regions"].shape
     dim, in_dim = ref["feat_encoder.0.weight"].shape
