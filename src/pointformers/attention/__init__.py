@@ -4,13 +4,14 @@
 >>> attn = pointformers.attention.build("hept", dim=24, heads=8, coord_dim=2)
 >>> pointformers.attention.available()   # doctest: +SKIP
 """
-from .base import TokenMixer, check_attention_inputs
-from .registry import available, build, register
+from .base import ForwardContext, TokenMixer, UnsupportedExportError, check_attention_inputs, is_tracing, set_exportable
+from .registry import MECHANISMS, MechanismInfo, available, build, entry, info, model_options, register
 from . import full, kernel, hept, lsh, sampled, knn, serialized, sft, samsa, performer, flt  # noqa: F401  (registration side effects)
 from .full import FullAttention
 from .kernel import KernelAttention
 from .hept import HEPTAttention
 from .hept_regions import HEPTContext, HEPTRegions
 
-__all__ = ["available", "build", "register", "TokenMixer", "check_attention_inputs", "FullAttention",
+__all__ = ["available", "build", "register", "info", "entry", "model_options", "MECHANISMS", "MechanismInfo",
+           "TokenMixer", "ForwardContext", "UnsupportedExportError", "set_exportable", "is_tracing", "check_attention_inputs", "FullAttention",
            "KernelAttention", "HEPTAttention", "HEPTContext", "HEPTRegions"]

@@ -5,95 +5,73 @@ Every mechanism is a ``torch.nn.Module`` token mixer::
     y = attn(x, pos=None, mask=None)   # x (B, N, D); pos (B, N, P); mask (B, N) bool, True = real
                                        # returns (B, N, D) with padded rows set to zero
 
-Bad input is rejected here with a ``ValueError`` that names the argument, so that no
-mechanism fails deep inside torch.
+Bad input is rejected with a ``ValueError`` that names the argument, so that no mechanism
+fails deep inside torch (the checks live in :mod:`pointformers.nn.model_inputs`; they are
+skipped while a graph is traced).
+
+Two further parts of the contract live here:
+
+* **One context per forward pass** (:class:`ForwardContext`): work that every layer of a model
+  would otherwise repeat (HEPT's region codes, a k-NN graph, a space-filling-curve order, a
+  random cycle) is prepared once. A mechanism declares it by overriding :meth:`TokenMixer.prepare`
+  (and :meth:`TokenMixer.prepare_key`, which says which layers may share the result); a model
+  creates one ``ForwardContext`` per forward and its blocks hand it to every mixer as
+  ``context=``. Called without a context, a mixer prepares for itself.
+* **Export mode** (:func:`set_exportable`): every mechanism that can be exported computes, when
+  its ``exportable`` flag is set, the same function through a graph that ``torch.export`` and
+  ONNX can capture for a dynamic point count (no Python loop whose trip count depends on N, no
+  custom ``autograd.Function``, no host synchronisation). The flag changes how, never what.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+from ..nn.model_inputs import check_attention_inputs, is_tracing
+
+__all__ = ["TokenMixer", "ForwardContext", "UnsupportedExportError", "check_attention_inputs", "is_tracing",
+           "set_exportable"]
+
+class UnsupportedExportError(ValueError):
+    """A mechanism (with its options) has no exportable path; the message says which and why."""
+
+    def __init__(self, mechanism: str, reason: str):
+        self.mechanism, self.reason = mechanism, reason
+        super().__init__(f"cannot export attention mechanism {mechanism!r}: {reason}")
 
 
-def check_attention_inputs(
-    x: torch.Tensor,
-    pos: torch.Tensor | None,
-    mask: torch.Tensor | None,
-    *,
-    dim: int,
-    pos_dim: int | None = None,
-    min_pos_dim: int | None = None,
-    requires_pos: bool = False,
-    who: str = "attention",
-) -> torch.Tensor:
-    """Validate the contract's inputs and return the mask (all True when ``mask`` is None).
+class ForwardContext:
+    """The work the layers of one forward pass share (as Point Transformer V3's ``Point``).
 
-    Checks: x is a floating ``(B, N, dim)`` tensor; pos (when needed) is ``(B, N, P)`` on the
-    same device with P == pos_dim (or P >= min_pos_dim); mask is a bool ``(B, N)`` tensor;
-    no cloud is empty; x and pos are finite at real points.
+    Args:
+        pos: (B, N, P) coordinates every layer sees (or None); mask: (B, N) real points (or None).
+    A mixer asks for its prepared state with :meth:`TokenMixer.prepared`; the first layer with a
+    given :meth:`~TokenMixer.prepare_key` computes it, the others reuse it.
     """
-    if not isinstance(x, torch.Tensor) or x.dim() != 3:
-        raise ValueError(f"{who}: x must be a (B, N, D) tensor, got {type(x).__name__} of shape "
-                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else '?'}")
-    if x.dtype not in _FLOATS:
-        raise ValueError(f"{who}: x must be a floating tensor, got dtype {x.dtype}")
-    B, N, D = x.shape
-    if D != dim:
-        raise ValueError(f"{who}: x has feature size {D}, expected dim={dim}")
-    if N == 0 or B == 0:
-        raise ValueError(f"{who}: x is empty (shape {tuple(x.shape)}); every cloud needs at least one point")
-    if mask is None:
-        mask = torch.ones(B, N, dtype=torch.bool, device=x.device)
-    else:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            raise ValueError(f"{who}: mask must be a bool tensor (True = real point), got "
-                             f"{getattr(mask, 'dtype', type(mask).__name__)}")
-        if mask.shape != (B, N):
-            raise ValueError(f"{who}: mask has shape {tuple(mask.shape)}, expected (B, N) = {(B, N)}")
-        if mask.device != x.device:
-            raise ValueError(f"{who}: mask is on {mask.device} but x is on {x.device}")
-        empty = ~mask.any(dim=1)
-        if bool(empty.any()):
-            raise ValueError(f"{who}: mask marks cloud(s) {empty.nonzero().flatten().tolist()} as empty; "
-                             "every cloud needs at least one real point")
-    if requires_pos and pos is None:
-        raise ValueError(f"{who}: pos (B, N, P) coordinates are required")
-    if pos is not None:
-        if not isinstance(pos, torch.Tensor) or pos.dim() != 3 or pos.shape[:2] != (B, N):
-            raise ValueError(f"{who}: pos must have shape (B, N, P) = ({B}, {N}, P), got "
-                             f"{tuple(pos.shape) if isinstance(pos, torch.Tensor) else type(pos).__name__}")
-        if pos.dtype not in _FLOATS:
-            raise ValueError(f"{who}: pos must be a floating tensor, got dtype {pos.dtype}")
-        if pos.device != x.device:
-            raise ValueError(f"{who}: pos is on {pos.device} but x is on {x.device}")
-        P = pos.shape[-1]
-        if pos_dim is not None and P != pos_dim:
-            raise ValueError(f"{who}: pos has {P} coordinate columns, expected {pos_dim}")
-        if min_pos_dim is not None and P < min_pos_dim:
-            raise ValueError(f"{who}: pos has {P} coordinate columns, expected at least {min_pos_dim}")
-        if not _finite_at(pos, mask):
-            raise ValueError(f"{who}: pos contains NaN or inf at real points")
-    if not _finite_at(x, mask):
-        raise ValueError(f"{who}: x contains NaN or inf at real points")
-    return mask
 
+    def __init__(self, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        self.pos, self.mask = pos, mask
+        self._store: dict = {}
 
-def _finite_at(t: torch.Tensor, mask: torch.Tensor) -> bool:
-    """Whether t (B, N, ·) is finite at every real point of mask (B, N).
+    def get(self, key, compute):
+        """The value stored under ``key``, computed by ``compute()`` the first time."""
+        if key not in self._store:
+            self._store[key] = compute()
+        return self._store[key]
 
-    First one streaming reduction over all of t: a NaN or inf anywhere makes the sum non-finite,
-    so a finite sum proves every entry finite without the masked copy. Only when the sum is not
-    finite (a non-finite value somewhere, possibly in padding, which may hold anything, or a
-    finite overflow) are the real points checked one by one.
-    """
-    if bool(torch.isfinite(t.sum())):
-        return True
-    return bool(torch.isfinite(t[mask]).all())
+    def __contains__(self, key) -> bool:
+        return key in self._store
+
+    def __len__(self) -> int:
+        return len(self._store)
 
 
 class TokenMixer(nn.Module):
-    """Base class of the mechanisms: holds ``dim`` and ``heads`` and the zero-padding rule."""
+    """Base class of the mechanisms: ``dim`` and ``heads``, the zero-padding rule, the shared-work
+    protocol (:meth:`prepare`, :meth:`prepare_key`, :meth:`prepared`) and the export flag."""
+
+    #: Export mode (see :func:`set_exportable`): the forward pass takes the mechanism's static-graph path.
+    exportable: bool = False
 
     def __init__(self, dim: int, heads: int):
         super().__init__()
@@ -108,3 +86,54 @@ class TokenMixer(nn.Module):
     def zero_padding(y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Set padded rows of ``y`` (B, N, D) to zero."""
         return y.masked_fill(~mask.unsqueeze(-1), 0.0)
+
+    # ---------------------------------------------------------------- shared work
+    def prepare(self, pos: torch.Tensor | None, mask: torch.Tensor):
+        """What this mechanism computes once per forward pass for all layers (default: nothing).
+        pos (B, N, P), mask (B, N) -> any object; override together with :meth:`prepare_key`."""
+        return None
+
+    def prepare_key(self):
+        """Layers whose keys are equal share one :meth:`prepare` result within a forward pass.
+        Default: this module alone. Override with what the result depends on (a shared module,
+        the options that shape it), never with anything that differs between equal results."""
+        return ("module", id(self))
+
+    def prepared(self, pos: torch.Tensor | None, mask: torch.Tensor, context: ForwardContext | None):
+        """This layer's prepared state: from ``context`` (computed there by the first layer that
+        asks) or, without one, computed now."""
+        if context is None:
+            return self.prepare(pos, mask)
+        if not isinstance(context, ForwardContext):
+            raise ValueError(f"context: expected a pointformers.attention.ForwardContext, got {type(context).__name__}")
+        return context.get(self.prepare_key(), lambda: self.prepare(pos, mask))
+
+    # ---------------------------------------------------------------- export
+    def export_refusal(self) -> str | None:
+        """Why this module (with its options) cannot be exported, or None when it can. Default: the
+        registry's ``export`` reason for the mechanism."""
+        from .registry import MECHANISMS
+
+        name = getattr(self, "registry_name", None)
+        if name is None or name not in MECHANISMS:
+            return "it is not a registered mechanism"
+        return MECHANISMS.info(name).export
+
+
+def set_exportable(module: nn.Module, exportable: bool = True) -> nn.Module:
+    """Switch every token mixer inside ``module`` (itself included) to export mode or back.
+
+    In export mode a mechanism computes the same function through a graph that ``torch.export``
+    and ONNX capture for any point count. Raises :class:`UnsupportedExportError` (a ``ValueError``)
+    naming the mechanism and the reason when one of them cannot be exported. Returns ``module``.
+    """
+    mixers = [m for m in module.modules() if isinstance(m, TokenMixer)]
+    if exportable:
+        for m in mixers:
+            reason = m.export_refusal()
+            if reason is not None:
+                raise UnsupportedExportError(getattr(m, "registry_name", type(m).__name__), reason)
+    for m in mixers:
+        m.exportable = bool(exportable)
+    return module
+
