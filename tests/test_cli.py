@@ -13,7 +13,7 @@ import yaml
 from pointformers import cli
 from pointformers.cli import DEMO_CONFIG, ConfigError, load_config, main
 from pointformers.engine import load_checkpoint
-from pointformers.tasks.tracking_display import choose_eps, track_match_score
+from pointformers.tasks.tracking.display import choose_eps, track_match_score
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--set", "model.options.n_layers=1", "--set", "model.options.mlp_hidden=32",

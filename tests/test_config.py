@@ -125,7 +125,7 @@ def test_tracking_n_events_shrinks_the_preset_only(tmp_path: Path) -> None:
     (tiny: 2 sectors per event; 80/10/10 split of the clouds)."""
     from pointformers.data.tracking import resolve_params
     from pointformers.tasks.registry import get_task
-    from pointformers.tasks.tracking_spec import data_params
+    from pointformers.tasks.tracking.spec import data_params
 
     cfg = load_config(None, [f"data.cache_dir={tmp_path}", "data.preset=tiny", "data.n_events=5"])
     params = data_params(cfg["data"])
@@ -137,7 +137,7 @@ def test_tracking_n_events_shrinks_the_preset_only(tmp_path: Path) -> None:
 
 
 def test_tracking_sector_options_reach_the_generator() -> None:
-    from pointformers.tasks.tracking_spec import data_params
+    from pointformers.tasks.tracking.spec import data_params
 
     cfg = load_config("configs/tracking-hept-small.yaml", ["data.sector_ds=1.3", "data.sector_di=0"])
     p = data_params(cfg["data"])

@@ -232,7 +232,7 @@ def test_empty_splits_rejected(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def tiny_clouds(tmp_path_factory):
     from pointformers.data.tracking import load_tracking_dataset
-    from pointformers.tasks.tracking_training import prepare_tracking_clouds
+    from pointformers.tasks.tracking.training import prepare_tracking_clouds
 
     cache = tmp_path_factory.mktemp("cache")
     train = load_tracking_dataset("tiny", "train", cache_dir=cache)
@@ -257,7 +257,7 @@ def test_cloud_pairs_match_build_tracking_pairs(tiny_clouds) -> None:
 
 
 def test_training_steps_reduce_infonce(tiny_clouds) -> None:
-    from pointformers.tasks.tracking_training import TrackingTask
+    from pointformers.tasks.tracking.training import TrackingTask
 
     train, _ = tiny_clouds
     torch.manual_seed(0)
@@ -279,7 +279,7 @@ def test_training_steps_reduce_infonce(tiny_clouds) -> None:
 
 
 def test_fit_on_tiny_tracking_writes_consistent_files(tiny_clouds, tmp_path: Path) -> None:
-    from pointformers.tasks.tracking_training import TrackingTask
+    from pointformers.tasks.tracking.training import TrackingTask
 
     train, val = tiny_clouds
     torch.manual_seed(0)

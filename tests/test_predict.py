@@ -18,9 +18,9 @@ from pointformers.data.tracking import generate_event, preset_params
 from pointformers.data.trackml import PIXEL_VOLUMES, read_trackml_event, write_trackml_event
 from pointformers.models import from_reference_checkpoint
 from pointformers.models.hept_tracking import reference_checkpoint_path
-from pointformers.tasks.track_building import choose_dbscan_eps, dbscan_tracks
+from pointformers.tasks.tracking.building import choose_dbscan_eps, dbscan_tracks
 from pointformers.trackml_eval import REFERENCE_EPS, submission_track_ids
-from pointformers.tasks.trackml_score import trackml_score
+from pointformers.tasks.tracking.trackml_score import trackml_score
 from pointformers.tasks.tracking import ap_at_k, tracking_inputs
 
 NAMES = ("event000000101", "event000000102")
@@ -114,7 +114,7 @@ def test_evaluate_reference_checkpoint_on_a_folder(labelled, direct, tmp_path, c
     assert f"{o['ap@k']:.4f}" in overall and f"{o['trackml_score']:.4f}" in overall
     # Track matching of the same DBSCAN tracks: per event, the event's own rates; overall and the
     # tables, the counts summed over events.
-    from pointformers.tasks.track_metrics import particle_eta, track_match_counts, track_matching_metrics
+    from pointformers.tasks.tracking.metrics import particle_eta, track_match_counts, track_matching_metrics
 
     total = None
     for r in res["events"]:

@@ -128,7 +128,7 @@ def test_real_ap_matches_the_folder_evaluation(report):
 
 
 def test_knn_row_is_the_task_baseline(report):
-    from pointformers.tasks.tracking_training import knn_baseline_metrics, prepare_tracking_clouds
+    from pointformers.tasks.tracking.training import knn_baseline_metrics, prepare_tracking_clouds
 
     res, _, _ = report
     cfg, _ = realism.config_from_args(["--quick", "--seed", str(SEED)])

@@ -7,15 +7,15 @@ import pytest
 import torch
 from torch import nn
 
-from pointformers.tasks.track_building import (
+from pointformers.tasks.tracking.building import (
     choose_dbscan_eps,
     dbscan_tracks,
     default_eps_grid,
     track_building_score,
 )
-from pointformers.tasks.trackml_score import trackml_like_weights, trackml_score
+from pointformers.tasks.tracking.trackml_score import trackml_like_weights, trackml_score
 from pointformers.tasks.tracking import TrackingInputs, cluster_tracks
-from pointformers.tasks.tracking_training import TrackingCloud, TrackingTask, cloud_truth_weights
+from pointformers.tasks.tracking.training import TrackingCloud, TrackingTask, cloud_truth_weights
 
 
 def blobs(seed: int, n_particles: int = 25, spread: float = 0.02, spacing: float = 1.0, noise: int = 20, dim: int = 3):
@@ -153,7 +153,7 @@ def test_evaluate_report_end_to_end():
 
 def test_cloud_truth_weights_fallback_and_prepared_clouds_carry_weights():
     from pointformers.data.tracking import generate_event, preset_params
-    from pointformers.tasks.tracking_training import prepare_tracking_clouds
+    from pointformers.tasks.tracking.training import prepare_tracking_clouds
 
     c = _cloud(4, with_weight=False)
     w = cloud_truth_weights(c)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pointformers.tasks.track_metrics import (
+from pointformers.tasks.tracking.metrics import (
     TrackMetricsAccumulator,
     format_track_metrics,
     match_rates,
@@ -263,7 +263,7 @@ def _cloud(seed: int, merge: bool = False, **extra):
     """Particles with 4..9 hits embedded as tight, well separated blobs (``merge``: particles 1
     and 2 share a blob) plus isolated noise hits; particle k has pT 0.5·k GeV and η 0.2·k − 2."""
     from pointformers.tasks.tracking import TrackingInputs
-    from pointformers.tasks.tracking_training import TrackingCloud
+    from pointformers.tasks.tracking.training import TrackingCloud
 
     rng = np.random.default_rng(seed)
     sizes = rng.integers(4, 10, 12)
@@ -286,7 +286,7 @@ def _cloud(seed: int, merge: bool = False, **extra):
 
 
 def test_evaluate_report_adds_the_matching_metrics():
-    from pointformers.tasks.tracking_training import TrackingTask, cloud_particle_eta
+    from pointformers.tasks.tracking.training import TrackingTask, cloud_particle_eta
 
     task = TrackingTask()
     assert task.track_report is None
@@ -339,7 +339,7 @@ def test_evaluate_report_adds_the_matching_metrics():
 
 def test_prepared_clouds_carry_particle_eta_and_ownership():
     from pointformers.data.tracking import generate_event, preset_params, split_sectors
-    from pointformers.tasks.tracking_training import cloud_particle_eta, prepare_tracking_clouds
+    from pointformers.tasks.tracking.training import cloud_particle_eta, prepare_tracking_clouds
 
     ev = generate_event(preset_params("tiny"), seed=3)
     (c,) = prepare_tracking_clouds([ev], with_pairs=False)
@@ -357,7 +357,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_track_colors_share_a_colour_between_a_particle_and_its_track():
-    from pointformers.tasks.tracking_display import track_colors
+    from pointformers.tasks.tracking.display import track_colors
 
     pid, _, _, _ = event([5, 4, 6, 3], noise=3)
     lab = pid.copy() - 1
@@ -385,7 +385,7 @@ def test_track_display_and_hept_buckets_pngs(tmp_path):
     from pointformers import models
     from pointformers.data.tracking import generate_event, preset_params
     from pointformers.tasks.tracking import tracking_inputs
-    from pointformers.tasks.tracking_display import draw_hept_buckets, draw_track_display, hept_query_blocks
+    from pointformers.tasks.tracking.display import draw_hept_buckets, draw_track_display, hept_query_blocks
 
     ev = generate_event(preset_params("tiny"), seed=4)
     inp = tracking_inputs(ev)

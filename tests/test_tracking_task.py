@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pointformers.data.event import CLUSTER_FEATURES, TrackingEvent
-from pointformers.tasks import tracking as T
+from pointformers.tasks.tracking import core as T
 from pointformers.tasks.tracking import (
     PIXEL_LAYERS,
     TRACKING_COORDS,
@@ -551,7 +551,7 @@ def test_infonce_mirrored_fast_path_equals_general_path(similarity):
     """The training step's mirrored pair layout (each distance computed once) gives the same
     loss and gradient as the same directed pairs in a scrambled order (general path)."""
     from pointformers.data.tracking import generate_event
-    from pointformers.tasks.tracking_training import TrackingTask, prepare_tracking_clouds
+    from pointformers.tasks.tracking.training import TrackingTask, prepare_tracking_clouds
 
     cloud = prepare_tracking_clouds([generate_event("tiny", seed=3)])[0]
     emb = torch.randn(cloud.num_hits, 4, dtype=torch.float64, requires_grad=True)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from pointformers.tasks.trackml_score import trackml_like_weights, trackml_score, trackml_score_split
+from pointformers.tasks.tracking.trackml_score import trackml_like_weights, trackml_score, trackml_score_split
 
 
 def reference_score(track_id, particle_id, weight) -> float:

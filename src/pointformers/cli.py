@@ -227,7 +227,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(format_metrics_table(rows))
     track_report = getattr(task, "track_report", None) if report else None  # tracking: matching tables
     if track_report is not None:
-        from .tasks.track_metrics import format_track_metrics
+        from .tasks.tracking.metrics import format_track_metrics
 
         print(format_track_metrics(track_report))
     if args.json:
@@ -463,7 +463,7 @@ def _benchmark_config_parser() -> argparse.ArgumentParser:
 def _prepare(cfg: Mapping[str, Any], splits: Sequence[str], pairs_for: Sequence[str] = ("train",),
              progress: bool = False, keep_events: bool = False) -> tuple[dict, dict]:
     """Tracking clouds per split, keeping the events for the demo's display. Returns (clouds, timings)."""
-    from .tasks.tracking_training import load_tracking_splits, prepare_tracking_clouds
+    from .tasks.tracking.training import load_tracking_splits, prepare_tracking_clouds
 
     d, t = cfg["data"], cfg["task"]
     t0 = time.perf_counter()
@@ -484,8 +484,8 @@ def run_demo(out: str | os.PathLike = "runs/demo", epochs: int | None = None, pr
     ``out``; returns the results dict."""
     from .engine import TrainConfig, fit, progress_enabled, write_json
     from .tasks.tracking import ap_at_k, cluster_tracks
-    from .tasks.tracking_display import choose_eps, draw_event_display
-    from .tasks.tracking_training import knn_baseline_metrics
+    from .tasks.tracking.display import choose_eps, draw_event_display
+    from .tasks.tracking.training import knn_baseline_metrics
 
     t_all = time.perf_counter()
     extra = list(overrides)

@@ -14,11 +14,11 @@ Metrics (``evaluate``), per event and overall:
   ``accuracy@0.9``: queries are reconstructable hits with pT > ``pt_min``, K = 19). Overall =
   mean over events of the per-event values, skipping events without a query hit, exactly as the
   task averages clouds (:func:`~.tracking.ap_at_k_split`).
-* TrackML score: :func:`~.trackml_score.trackml_score` of DBSCAN track candidates
-  (:func:`~.track_building.dbscan_tracks`, ``min_samples`` 2) against the truth particle ids and
+* TrackML score: :func:`~.tasks.tracking.trackml_score.trackml_score` of DBSCAN track candidates
+  (:func:`~.tasks.tracking.building.dbscan_tracks`, ``min_samples`` 2) against the truth particle ids and
   the files' truth weights (normalised over the event's pixel hits); overall = mean over events,
-  as the challenge averages events (:func:`~.trackml_score.trackml_score_split`).
-* Track matching (:mod:`~.tasks.track_metrics`) of the same DBSCAN tracks (3 hits or more):
+  as the challenge averages events (:func:`~.tasks.tracking.trackml_score.trackml_score_split`).
+* Track matching (:mod:`~.tasks.tracking.metrics`) of the same DBSCAN tracks (3 hits or more):
   double-majority, perfect and LHC efficiencies, fake and duplicate rates, for particles with
   pT >= ``match_pt_min`` (0.9 GeV), |η| < ``match_eta_max`` (4, η of the particle's momentum)
   and hits on >= 3 pixel layers. Per event: ``eff_dm``, ``eff_perfect``, ``eff_lhc``,
@@ -29,7 +29,7 @@ DBSCAN's radius ``eps``:
 
 * a run checkpoint: chosen on the run's validation split (the generated data it was trained
   for), by the TrackML score, exactly as ``pointformers evaluate --split test`` does
-  (:func:`~.track_building.choose_dbscan_eps`);
+  (:func:`~.tasks.tracking.building.choose_dbscan_eps`);
 * a reference checkpoint has no validation split: :data:`REFERENCE_EPS` (see there for how it
   was chosen), or ``eps="auto"`` on a separate folder of labelled events;
 * always overridable by a number. The evaluated events are never used to choose it unless that
@@ -41,7 +41,7 @@ Output of ``predict`` (per event ``<name>``, files written atomically):
   (the TrackML submission columns for one event; add an ``event_id`` column to concatenate
   events into a challenge submission). Every hit has a track id >= 1: ids ``1..C`` are the
   DBSCAN clusters (2 or more hits each), ids ``C+1..`` are one-hit tracks, one per hit that
-  DBSCAN left unassigned (the way :func:`~.trackml_score.trackml_score` treats them).
+  DBSCAN left unassigned (the way :func:`~.tasks.tracking.trackml_score.trackml_score` treats them).
 * ``<name>-embeddings.npz``: ``hit_id`` int64 ``(N,)``, ``embedding`` float32 ``(N, d)``
   (d = 12 for the HEPT tracking models), ``track_id`` int64 ``(N,)`` (as in the CSV) and
   ``dbscan_eps`` float64 ``()``; rows in the same order as the CSV.
@@ -66,7 +66,7 @@ from torch import nn
 # that building the command-line parser, which reads REFERENCE_EPS, stays fast.
 if TYPE_CHECKING:
     from .data.event import TrackingEvent
-    from .tasks.track_building import EpsSelection
+    from .tasks.tracking.building import EpsSelection
     from .tasks.tracking import TrackingInputs
 
 __all__ = ["REFERENCE_EPS", "DBSCAN_MIN_SAMPLES", "TrackingModel", "open_tracking_checkpoint", "embed_event",
@@ -234,7 +234,7 @@ def _read_events(folder: str | os.PathLike, detectors, truth: bool, arg: str
 def choose_eps_on_folder(tm: TrackingModel, folder: str | os.PathLike, detectors=None,
                          arg: str = "--eps-data") -> EpsSelection:
     """The DBSCAN radius maximising the mean TrackML score over the labelled events of ``folder``."""
-    from .tasks.track_building import choose_dbscan_eps
+    from .tasks.tracking.building import choose_dbscan_eps
 
     embs, pids, ws = [], [], []
     _, events = _read_events(folder, detectors, True, arg)
@@ -253,8 +253,8 @@ def choose_eps_on_validation(tm: TrackingModel) -> EpsSelection:
     """The DBSCAN radius a run checkpoint's ``evaluate --split test`` uses: chosen on the run's
     validation split by the TrackML score."""
     from .tasks.registry import get_task
-    from .tasks.track_building import choose_dbscan_eps
-    from .tasks.tracking_training import TrackingTask, cloud_truth_weights
+    from .tasks.tracking.building import choose_dbscan_eps
+    from .tasks.tracking.training import TrackingTask, cloud_truth_weights
 
     if tm.cfg is None:
         raise ValueError("--eps: a reference checkpoint has no validation split; pass a number or "
@@ -305,14 +305,14 @@ def evaluate_folder(tm: TrackingModel, folder: str | os.PathLike, eps: float, de
     Returns ``{"events": [{"event", "num_hits", "ap@k", "precision@K", "recall@K", "num_queries",
     "trackml_score", "eff_dm", "eff_perfect", "eff_lhc", "fake_dm", "dup_lhc", "num_tracks",
     "seconds"}, ...], "overall": {...}, "track_metrics": {"cuts", "overall", "vs_pt", "vs_eta"}}``
-    (``track_metrics``: :meth:`~.tasks.track_metrics.TrackMetricsAccumulator.result`, counts
+    (``track_metrics``: :meth:`~.tasks.tracking.metrics.TrackMetricsAccumulator.result`, counts
     summed over events; ``match_pt_min``/``match_eta_max`` its particle cuts). ``log`` gets the
     table (header, then one row per event as it is done, then the overall row), then the
     track-matching table.
     """
-    from .tasks.track_building import dbscan_tracks
-    from .tasks.track_metrics import OVERALL_KEYS, TrackMetricsAccumulator, format_track_metrics, particle_eta
-    from .tasks.trackml_score import trackml_score, trackml_score_split
+    from .tasks.tracking.building import dbscan_tracks
+    from .tasks.tracking.metrics import OVERALL_KEYS, TrackMetricsAccumulator, format_track_metrics, particle_eta
+    from .tasks.tracking.trackml_score import trackml_score, trackml_score_split
     from .tasks.tracking import ap_at_k_split, tracking_metrics_at_k
 
     try:
@@ -402,7 +402,7 @@ def predict_folder(tm: TrackingModel, folder: str | os.PathLike, out: str | os.P
     and write ``<name>-tracks.csv`` and ``<name>-embeddings.npz`` per event into ``out`` (format:
     module docstring). Refuses (ValueError naming ``--out``) before any work when an output file
     exists, unless ``force``. Returns the written paths."""
-    from .tasks.track_building import dbscan_tracks
+    from .tasks.tracking.building import dbscan_tracks
 
     names, events = _read_events(folder, detectors, False, "--data")
     out = Path(out)

@@ -6,7 +6,7 @@ and the exact command that produced it:
 * :func:`compare_configs` -- for a list of configs and a data preset: train each model (its
   config's own ``train`` section, or ``--epochs`` for a short run), then on the test split report
   AP@k and the TrackML score of DBSCAN track building (radius chosen on validation clouds,
-  :meth:`~pointformers.tasks.tracking_training.TrackingTask.evaluate_report`) -- or the task's own
+  :meth:`~pointformers.tasks.tracking.training.TrackingTask.evaluate_report`) -- or the task's own
   metric for other tasks (e.g. pile-up AP) --, the parameter count, the median inference time per
   event (test clouds, batch 1, eval mode, ``no_grad``; GNN graphs are built inside the forward
   pass, so their construction is included, as the paper counts it at inference) and the peak
@@ -125,7 +125,7 @@ def _task_and_samples(cfg: Mapping[str, Any], progress: bool) -> tuple[Any, dict
         return spec.build(cfg), spec.load(cfg, ("train", "val", "test"), progress), spec.metric
     if name != "tracking":
         raise ValueError(f"task.name: {name!r} is not a registered task")
-    from ..tasks.tracking_training import TrackingTask, load_tracking_splits, prepare_tracking_clouds
+    from ..tasks.tracking.training import TrackingTask, load_tracking_splits, prepare_tracking_clouds
 
     d, t = cfg["data"], cfg["task"]
     events = load_tracking_splits(d["preset"], ("train", "val", "test"), cache_dir=d["cache_dir"], seed=d["seed"])

@@ -7,12 +7,12 @@
    authors' ``hept-tracking-60k`` model (:func:`~pointformers.trackml_eval.open_tracking_checkpoint`)
    on whole ``tracking-60k`` events (one cloud per event) and on the φ-sectors of ``tracking-6k``
    events (:func:`~pointformers.data.tracking.split_sectors`, one cloud per sector): AP@k
-   (:func:`~pointformers.tasks.tracking_training.evaluate_embeddings`, queries pT > 0.9 GeV, K = 19),
+   (:func:`~pointformers.tasks.tracking.training.evaluate_embeddings`, queries pT > 0.9 GeV, K = 19),
    the TrackML score of DBSCAN tracks and the track-matching efficiencies, fake and duplicate rates
-   (:mod:`~pointformers.tasks.track_metrics`), exactly as ``pointformers evaluate --data`` computes
+   (:mod:`~pointformers.tasks.tracking.metrics`), exactly as ``pointformers evaluate --data`` computes
    them. DBSCAN runs with the reference radius :data:`~pointformers.trackml_eval.REFERENCE_EPS` and
    with a radius chosen on separate generated validation events; beside it the kNN-in-(η, φ)
-   baseline of the tracking task (:func:`~pointformers.tasks.tracking_training.knn_baseline_metrics`)
+   baseline of the tracking task (:func:`~pointformers.tasks.tracking.training.knn_baseline_metrics`)
    on the same clouds, its radius chosen on the same validation events.
 2. **The acceptance measurement** (section ``realism-acceptance``): generated ``tracking-60k``
    events cut down as the public real TrackML subset was made: ``--subset-particles`` (548) random
@@ -269,7 +269,7 @@ def sample_stats(events: Sequence) -> dict[str, float]:
 # ------------------------------------------------------------------------------ measurements
 def _clouds(events: Sequence, n_sectors: int) -> list:
     from ..data.tracking import split_sectors
-    from ..tasks.tracking_training import prepare_tracking_clouds
+    from ..tasks.tracking.training import prepare_tracking_clouds
 
     parts = [c for ev in events for c in (split_sectors(ev, n_sectors) if n_sectors > 1 else [ev])]
     return prepare_tracking_clouds(parts, with_pairs=False)
@@ -278,10 +278,10 @@ def _clouds(events: Sequence, n_sectors: int) -> list:
 def evaluate_clouds(embeddings: Sequence[torch.Tensor], clouds: Sequence, eps: float) -> dict[str, float]:
     """AP@k, precision@K, recall@K (mean over clouds), the TrackML score of DBSCAN(``eps``) tracks
     (mean over clouds) and the pooled track-matching rates, as ``pointformers evaluate`` reports."""
-    from ..tasks.track_building import dbscan_tracks
-    from ..tasks.track_metrics import OVERALL_KEYS
-    from ..tasks.trackml_score import trackml_score, trackml_score_split
-    from ..tasks.tracking_training import cloud_truth_weights, evaluate_embeddings, track_matching_report
+    from ..tasks.tracking.building import dbscan_tracks
+    from ..tasks.tracking.metrics import OVERALL_KEYS
+    from ..tasks.tracking.trackml_score import trackml_score, trackml_score_split
+    from ..tasks.tracking.training import cloud_truth_weights, evaluate_embeddings, track_matching_report
     from ..trackml_eval import DBSCAN_MIN_SAMPLES
 
     out = evaluate_embeddings(embeddings, clouds, _PT_MIN, _K)
@@ -297,8 +297,8 @@ def evaluate_clouds(embeddings: Sequence[torch.Tensor], clouds: Sequence, eps: f
 
 
 def _choose_eps(embeddings: Sequence[torch.Tensor], clouds: Sequence) -> float:
-    from ..tasks.track_building import choose_dbscan_eps
-    from ..tasks.tracking_training import cloud_truth_weights
+    from ..tasks.tracking.building import choose_dbscan_eps
+    from ..tasks.tracking.training import cloud_truth_weights
     from ..trackml_eval import DBSCAN_MIN_SAMPLES
 
     return choose_dbscan_eps(embeddings, [c.inputs.particle_id for c in clouds],
@@ -306,7 +306,7 @@ def _choose_eps(embeddings: Sequence[torch.Tensor], clouds: Sequence) -> float:
 
 
 def _embed(tm, clouds: Sequence) -> list[torch.Tensor]:
-    from ..tasks.tracking_training import TrackingTask
+    from ..tasks.tracking.training import TrackingTask
 
     with tm.autocast():
         return TrackingTask(pt_min=_PT_MIN, K=_K).embed(tm.model, clouds)
@@ -342,7 +342,7 @@ def checkpoint_section(cfg: RealismConfig, tm, say: Callable[[str], None] = lamb
 
 def _ap_at_k(tm, events: Sequence) -> list[float]:
     """Per event (one cloud each) the checkpoint's AP@k (NaN where no hit qualifies)."""
-    from ..tasks.tracking_training import evaluate_embeddings
+    from ..tasks.tracking.training import evaluate_embeddings
 
     clouds = _clouds(events, 1)
     emb = _embed(tm, clouds)

@@ -96,7 +96,7 @@ def _load_builtin() -> None:
 
 
 #: Modules that define the built-in tasks (each calls :func:`register_task` at import).
-_BUILTIN_MODULES: list[str] = ["pointformers.tasks.tracking_spec", "pointformers.tasks.pileup",
+_BUILTIN_MODULES: list[str] = ["pointformers.tasks.tracking.spec", "pointformers.tasks.pileup",
                                "pointformers.tasks.shapes", "pointformers.tasks.listops",
                                "pointformers.tasks.clustering", "pointformers.tasks.potential"]
 

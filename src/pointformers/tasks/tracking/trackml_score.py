@@ -135,7 +135,7 @@ def trackml_like_weights(particle_id, pt, order) -> np.ndarray:
         order: ``(n,)`` the key hits are ranked by along the particle (the challenge: ``|tz − vz|``;
             any key that increases along the track, e.g. the distance from the origin).
     """
-    from ..data.trackml_weights import trackml_weights
+    from ...data.trackml_weights import trackml_weights
 
     pid = hit_ids(particle_id, "particle_id")
     n = pid.shape[0]

@@ -1,6 +1,6 @@
 """Event display for tracking: predicted track clusters next to the truth, as a PNG.
 
-Predicted tracks are DBSCAN clusters of the hit embeddings (:func:`~.tracking.cluster_tracks`).
+Predicted tracks are DBSCAN clusters of the hit embeddings (:func:`~.core.cluster_tracks`).
 DBSCAN's radius ``eps`` depends on the embedding's scale, so it is chosen on validation
 clouds (:func:`choose_eps`) by maximising the **track-match score**, a per-hit
 purity × efficiency measure on the same hits AP@k scores (particle id ≠ 0, reconstructable,
@@ -22,7 +22,7 @@ Figures:
 * :func:`draw_event_display`: predicted clusters next to the truth in x–y (the first display).
 * :func:`draw_track_display`: x–y and r–z views, hits coloured by true particle (top) and by
   reconstructed track (bottom) with **consistent colours** (:func:`track_colors`): a track
-  matched to a particle (double majority, :mod:`.track_metrics`) has that particle's colour;
+  matched to a particle (double majority, :mod:`.metrics`) has that particle's colour;
   tracks matched to no particle are black, unassigned hits and noise light grey.
 * :func:`draw_hept_buckets`: the HEPT query blocks of one table and head of the first HEPT
   layer, from the sort order the model computes (:func:`hept_query_blocks`), drawn in η–φ
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from scipy.spatial import cKDTree
 
-from .tracking import cluster_tracks
+from .core import cluster_tracks
 
 __all__ = ["EPS_FACTORS", "track_match_score", "choose_eps", "draw_event_display", "track_colors",
            "draw_track_display", "hept_query_blocks", "draw_hept_buckets"]
@@ -195,7 +195,7 @@ def draw_event_display(path: str | os.PathLike, x, y, pred_labels, particle_id, 
 
 def _save_png(fig, path: str | os.PathLike) -> Path:
     """Write ``fig`` as a PNG atomically (readers never see a half-written file)."""
-    from ..files import atomic_write
+    from ...files import atomic_write
 
     return atomic_write(path, lambda f: fig.savefig(f, format="png"))
 
@@ -204,12 +204,12 @@ def track_colors(labels, particle_id, min_hits: int = 3, seed: int = 0) -> tuple
     """Consistent RGBA colours ``(n, 4)`` per hit: ``(by_particle, by_track)``.
 
     ``by_particle``: one palette colour per true particle (noise grey). ``by_track``: a track
-    matched to a particle by double majority (:func:`~.track_metrics.match_tracks`, tracks of
+    matched to a particle by double majority (:func:`~.metrics.match_tracks`, tracks of
     ``min_hits`` or more) takes that particle's colour; other tracks of ``min_hits`` or more are
     black; hits of smaller clusters and unassigned hits (label < 0) are grey. Raises ValueError
     naming the argument on bad input.
     """
-    from .track_metrics import match_tracks
+    from .metrics import match_tracks
 
     lab = _np(labels)
     pid = _np(particle_id)
@@ -255,7 +255,7 @@ def draw_track_display(path: str | os.PathLike, x, y, z, labels, particle_id, ti
     if _np(labels).shape != (n,) or _np(particle_id).shape != (n,):
         raise ValueError(f"labels/particle_id: expected shape ({n},), got {_np(labels).shape} and {_np(particle_id).shape}")
     by_particle, by_track = track_colors(labels, particle_id, min_hits)
-    from .track_metrics import match_tracks
+    from .metrics import match_tracks
 
     m = match_tracks(labels, particle_id, min_hits)
     rs = np.hypot(xs, ys)
@@ -306,7 +306,7 @@ def hept_query_blocks(model, x, coords, layer: int = 0, head: int = 0, table: in
     Raises:
         ValueError: naming ``model`` (no HEPT layer), ``layer``, ``head`` or ``table`` when out of range.
     """
-    from ..attention.hept import HEPTAttention
+    from ...attention.hept import HEPTAttention
 
     layers = [mod for mod in model.modules() if isinstance(mod, HEPTAttention)]
     if not layers:

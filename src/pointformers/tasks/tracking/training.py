@@ -2,7 +2,7 @@
 
 * :func:`prepare_tracking_clouds` turns :class:`~pointformers.data.event.TrackingEvent`
   clouds into :class:`TrackingCloud` samples once: model inputs (float32) and, for training
-  clouds, the authors' labelled pairs (:func:`~.tracking.build_tracking_pairs`), so an
+  clouds, the authors' labelled pairs (:func:`~.core.build_tracking_pairs`), so an
   epoch does no neighbour search.
 * :class:`TrackingTask` implements the engine's task protocol: ``loss(model, cloud,
   generator)`` is the InfoNCE loss on the cloud's pairs plus fresh random pairs (as the
@@ -11,9 +11,9 @@
 * :func:`evaluate_embeddings` scores any per-cloud embeddings, e.g. the kNN-in-(η, φ)
   baseline (:func:`knn_baseline_metrics`).
 * :meth:`TrackingTask.evaluate_report` adds track building: DBSCAN on the embeddings with
-  its radius chosen on the validation clouds (:mod:`.track_building`), scored on the test
+  its radius chosen on the validation clouds (:mod:`.building`), scored on the test
   clouds with the TrackML score (:mod:`.trackml_score`) and the track-matching metrics
-  (efficiency, fake and duplicate rates, overall and against pT and η; :mod:`.track_metrics`).
+  (efficiency, fake and duplicate rates, overall and against pT and η; :mod:`.metrics`).
 """
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data.event import TrackingEvent
-from .track_building import DEFAULT_REFINE, choose_dbscan_eps, dbscan_tracks
-from .track_metrics import OVERALL_KEYS, TrackMetricsAccumulator, particle_eta
+from ...data.event import TrackingEvent
+from .building import DEFAULT_REFINE, choose_dbscan_eps, dbscan_tracks
+from .metrics import OVERALL_KEYS, TrackMetricsAccumulator, particle_eta
 from .trackml_score import trackml_like_weights, trackml_score, trackml_score_split
-from .tracking import (
+from .core import (
     TrackingInputs,
     TrackingPairs,
     add_random_pairs,
@@ -191,8 +191,8 @@ def cloud_particle_eta(cloud: TrackingCloud) -> np.ndarray:
 
 def track_matching_report(labels: Sequence[np.ndarray], clouds: Sequence[TrackingCloud], pt_min: float = 0.9,
                           eta_max: float = 4.0, min_hits: int = 3) -> dict:
-    """The track-matching metrics (:mod:`.track_metrics`) of per-cloud track labels, counts
-    pooled over the clouds: :meth:`~.track_metrics.TrackMetricsAccumulator.result`. On φ-sector
+    """The track-matching metrics (:mod:`.metrics`) of per-cloud track labels, counts
+    pooled over the clouds: :meth:`~.metrics.TrackMetricsAccumulator.result`. On φ-sector
     clouds only the particles a sector owns count in it, so each particle counts once."""
     if len(labels) != len(clouds):
         raise ValueError(f"labels: got {len(labels)} for {len(clouds)} clouds")
@@ -206,7 +206,7 @@ def track_matching_report(labels: Sequence[np.ndarray], clouds: Sequence[Trackin
 def evaluate_embeddings(embeddings: Sequence[torch.Tensor], clouds: Sequence[TrackingCloud],
                         pt_min: float = 0.9, K: int = 19) -> dict[str, float]:
     """AP@k (``"ap@k"``), ``"precision@K"`` and ``"recall@K"`` averaged over clouds (clouds with
-    no qualifying hit are skipped, as :func:`~.tracking.ap_at_k_split`), plus ``"num_queries"``.
+    no qualifying hit are skipped, as :func:`~.core.ap_at_k_split`), plus ``"num_queries"``.
 
     Args:
         embeddings: one ``(n_i, d)`` tensor per cloud, rows in the cloud's hit order.
@@ -245,14 +245,14 @@ class TrackingTask:
     """InfoNCE training and AP@k evaluation of per-hit embeddings (spec §3.4, §4.4).
 
     Args:
-        similarity, tau, sigma: :func:`~.tracking.infonce_loss` options (authors: "l2_rbf",
+        similarity, tau, sigma: :func:`~.core.infonce_loss` options (authors: "l2_rbf",
             0.05, 0.75).
-        random_pairs: fraction for :func:`~.tracking.add_random_pairs` each step (authors:
+        random_pairs: fraction for :func:`~.core.add_random_pairs` each step (authors:
             0.2; 0 disables).
         pt_min, K: AP@k filter and neighbour count (authors: 0.9, 19).
         dbscan_min_samples: DBSCAN's ``min_samples`` for track building.
         match_pt_min, match_eta_max: the particle cuts of the track-matching metrics
-            (pT ≥ 0.9 GeV, |η| < 4; :mod:`.track_metrics`).
+            (pT ≥ 0.9 GeV, |η| < 4; :mod:`.metrics`).
     """
 
     def __init__(self, similarity: str = "l2_rbf", tau: float = 0.05, sigma: float = 0.75,
@@ -280,7 +280,7 @@ class TrackingTask:
             raise ValueError(f"match_{exc}") from None
         self.match_pt_min, self.match_eta_max = float(match_pt_min), float(match_eta_max)
         #: The last :meth:`evaluate_report`'s track-matching tables
-        #: (:meth:`~.track_metrics.TrackMetricsAccumulator.result`), None before one.
+        #: (:meth:`~.metrics.TrackMetricsAccumulator.result`), None before one.
         self.track_report: dict | None = None
 
     def loss(self, model: nn.Module, cloud: TrackingCloud, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -313,12 +313,12 @@ class TrackingTask:
         """Test metrics with track building (what ``pointformers evaluate`` reports).
 
         The DBSCAN radius is chosen on ``val_clouds`` by maximising the mean TrackML score
-        (:func:`~.track_building.choose_dbscan_eps`, ``eps_grid``/``refine`` as there); the test
+        (:func:`~.building.choose_dbscan_eps`, ``eps_grid``/``refine`` as there); the test
         embeddings are then clustered with it. Returns :meth:`evaluate` on ``test_clouds``
         (``"ap@k"``, ``"precision@K"``, ``"recall@K"``, ``"num_queries"``) plus
         ``"trackml_score"`` (mean over test clouds), ``"dbscan_eps"``,
         ``"val_trackml_score"`` (the chosen radius's validation score) and the overall
-        track-matching rates :data:`~.track_metrics.OVERALL_KEYS` (``"eff_dm"``,
+        track-matching rates :data:`~.metrics.OVERALL_KEYS` (``"eff_dm"``,
         ``"eff_perfect"``, ``"eff_lhc"``, ``"fake_dm"``, ``"dup_lhc"``; counts pooled over the test
         clouds, see :func:`track_matching_report`). Every value is a float; the full
         track-matching result (all rates and counts, the tables against pT and η) is kept in
@@ -349,6 +349,6 @@ class TrackingTask:
 def load_tracking_splits(preset, splits: Sequence[str] = ("train", "val", "test"), cache_dir=None,
                          seed: int = 0) -> dict[str, list[TrackingEvent]]:
     """The requested splits of a tracking data set (generated once, cached on disk)."""
-    from ..data.tracking import load_tracking_dataset
+    from ...data.tracking import load_tracking_dataset
 
     return {s: load_tracking_dataset(preset, s, cache_dir=cache_dir, seed=seed) for s in splits}

@@ -14,13 +14,13 @@ Config sections (defaults: the HEPT authors' tracking settings, spec ``hept.md``
 random pairs added each step, ``pt_min`` the AP@k filter (GeV), ``radius`` and
 ``max_num_neighbors`` the (eta, phi) radius graph that labels the training pairs,
 ``match_pt_min``/``match_eta_max`` the particle cuts (pT >= 0.9 GeV, |eta| < 4) of the
-track-matching metrics ``evaluate --split test`` reports (:mod:`.track_metrics`). ``n_events``
+track-matching metrics ``evaluate --split test`` reports (:mod:`.metrics`). ``n_events``
 (null = the preset's) keeps every other parameter of the preset and changes only the number of
 generated events, e.g. a shorter ``tracking-6k`` run on fewer 6k-hit clouds; ``sector_ds``,
 ``sector_di``, ``sector_slope`` likewise replace the φ-sector options (the HEPT authors' class
 defaults 1.1, 1e-4 and "auto"; their build script passes ``sector_ds: 1.3, sector_di: 0``). The
 validation metric is ``ap@k`` (maximised). Everything here is glue around
-:mod:`.tracking_training`, :mod:`.tracking` and :mod:`.tracking_display`.
+:mod:`.training`, :mod:`.core` and :mod:`.display`.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .registry import TaskSpec, register_task
+from ..registry import TaskSpec, register_task
 
 __all__ = ["TRACKING_SPEC", "tracking_cache_files"]
 
@@ -51,13 +51,13 @@ def data_params(d: Mapping[str, Any]):
     changes = {param: d[key] for key, param in _PARAM_KEYS.items() if d.get(key) is not None}
     if not changes:
         return d["preset"]
-    from ..data.tracking import resolve_params
+    from ...data.tracking import resolve_params
 
     return resolve_params(d["preset"]).replace(**changes)
 
 
 def _build(cfg: Mapping[str, Any]):
-    from .tracking_training import TrackingTask
+    from .training import TrackingTask
 
     t = cfg["task"]
     return TrackingTask(t["similarity"], t["tau"], t["sigma"], t["random_pairs"], t["pt_min"],
@@ -65,7 +65,7 @@ def _build(cfg: Mapping[str, Any]):
 
 
 def _validate(cfg: Mapping[str, Any]) -> None:
-    from ..data.tracking import PRESETS
+    from ...data.tracking import PRESETS
 
     d, t = cfg["data"], cfg["task"]
     if d["preset"] not in PRESETS:
@@ -75,7 +75,7 @@ def _validate(cfg: Mapping[str, Any]) -> None:
     if d.get("n_events") is not None and d["n_events"] < 1:
         raise ValueError(f"data.n_events: must be >= 1 (or null for the preset's), got {d['n_events']}")
     if any(d.get(k) is not None for k in ("sector_ds", "sector_di", "sector_slope")):
-        from ..data.tracking import resolve_params, sector_slope
+        from ...data.tracking import resolve_params, sector_slope
 
         p = resolve_params(d["preset"])
         sector_slope(p.n_sectors, p.sector_ds if d.get("sector_ds") is None else d["sector_ds"],
@@ -94,7 +94,7 @@ def _validate(cfg: Mapping[str, Any]) -> None:
 
 def _load(cfg: Mapping[str, Any], splits: Sequence[str], progress: bool = False) -> dict[str, list]:
     """TrackingCloud samples per split; training clouds carry their labelled pairs."""
-    from .tracking_training import load_tracking_splits, prepare_tracking_clouds
+    from .training import load_tracking_splits, prepare_tracking_clouds
 
     d, t = cfg["data"], cfg["task"]
     events = load_tracking_splits(data_params(d), splits, cache_dir=d["cache_dir"], seed=d["seed"])
@@ -110,8 +110,8 @@ def tracking_cache_files(cfg: Mapping[str, Any], splits: Sequence[str]) -> list[
     The file name follows :func:`pointformers.data.tracking.load_tracking_dataset`'s cache
     key; if that key ever changes, the cache folder is returned instead of a wrong name.
     """
-    from ..data.cache import cache_path, default_cache_dir, load_arrays
-    from ..data.tracking import GENERATOR_VERSION, load_tracking_dataset, resolve_params
+    from ...data.cache import cache_path, default_cache_dir, load_arrays
+    from ...data.tracking import GENERATOR_VERSION, load_tracking_dataset, resolve_params
 
     d = cfg["data"]
     root = Path(d["cache_dir"]) if d["cache_dir"] is not None else default_cache_dir()
@@ -128,7 +128,7 @@ def tracking_cache_files(cfg: Mapping[str, Any], splits: Sequence[str]) -> list[
 
 
 def _baselines(cfg: Mapping[str, Any], samples: Sequence[Any]) -> dict[str, dict[str, float]]:
-    from .tracking_training import knn_baseline_metrics
+    from .training import knn_baseline_metrics
 
     return {"kNN in (eta, phi)": knn_baseline_metrics(samples, cfg["task"]["pt_min"])}
 
@@ -139,13 +139,13 @@ def _plot(cfg: Mapping[str, Any], model: Any, samples: Sequence[Any], out_dir: s
 
     * ``event_display.png``: x-y and r-z views, hits coloured by true particle and by
       reconstructed track, a track matched to a particle in that particle's colour
-      (:func:`~.tracking_display.draw_track_display`);
+      (:func:`~.display.draw_track_display`);
     * ``hept_buckets.png`` (models with HEPT attention): the query blocks of table 0, head 0 of
-      the first HEPT layer in eta-phi (:func:`~.tracking_display.draw_hept_buckets`).
+      the first HEPT layer in eta-phi (:func:`~.display.draw_hept_buckets`).
     """
-    from .tracking import ap_at_k, cluster_tracks
-    from .tracking_display import choose_eps, draw_hept_buckets, draw_track_display, hept_query_blocks
-    from .tracking_training import load_tracking_splits
+    from .core import ap_at_k, cluster_tracks
+    from .display import choose_eps, draw_hept_buckets, draw_track_display, hept_query_blocks
+    from .training import load_tracking_splits
 
     if not samples:
         raise ValueError("samples: need at least one validation cloud for the event display")
@@ -166,7 +166,7 @@ def _plot(cfg: Mapping[str, Any], model: Any, samples: Sequence[Any], out_dir: s
                               cloud.inputs.particle_id, title=f"{name}, AP@k {ap:.3f}",
                               note=f"DBSCAN on embeddings, eps={eps:.3g} (best track-match score on val: "
                                    f"{scores[eps]:.3f})")]
-    from ..attention.hept import HEPTAttention
+    from ...attention.hept import HEPTAttention
 
     if any(isinstance(m, HEPTAttention) for m in model.modules()):
         was_training = model.training

@@ -4,7 +4,7 @@ rates of matched tracks, overall and against pT and η.
 Definitions (those of the gnn_tracking project's cluster metrics and of Exa.TrkX-style papers):
 
 * A **predicted track** is a set of hits with one label ``>= 0`` (a DBSCAN cluster of the hit
-  embeddings, :func:`~.track_building.dbscan_tracks`); unassigned hits (label ``< 0``) form no
+  embeddings, :func:`~.building.dbscan_tracks`); unassigned hits (label ``< 0``) form no
   track. A track **counts** only when it has at least ``min_hits`` hits (3).
 * **Noise hits** (particle id 0) are never a particle: they are not counted as particles, are
   never a track's majority particle, but they do count in a track's size (they lower purity).

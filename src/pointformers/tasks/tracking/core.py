@@ -1,6 +1,6 @@
-"""Charged-particle tracking task (HEPT's Tracking-6k / Tracking-60k), as in the authors' code.
+"""The tracking task's core (HEPT's Tracking-6k / Tracking-60k), as in the authors' code.
 
-Everything a tracking experiment needs besides the model:
+Inputs, training pairs, loss and AP@k of the per-hit embedding:
 
 * :func:`tracking_inputs` -- per-hit model inputs ``x`` (n, 15), kernel coordinates ``coords``
   (n, 6) and ``pos`` = (η, φ) (n, 2), exactly as HEPT's preprocessing builds them
@@ -28,7 +28,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from scipy.spatial import cKDTree
 
-from ..data.event import CLUSTER_FEATURES, TrackingEvent
+from ...data.event import CLUSTER_FEATURES, TrackingEvent
 
 __all__ = [
     "TRACKING_FEATURES",
