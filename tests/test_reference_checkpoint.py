@@ -46,7 +46,7 @@ def test_strict_load_and_parameter_count(ref_sd):
     n_w_rpe = sum(v.numel() for k, v in ref_sd.items() if "w_rpe" in k)
     ours = sum(p.numel() for p in model.state_dict().values())
     assert ours == 329_364 - n_w_rpe + 4 * 8 * 5  # w_rpe -> log ω (8 heads × 5 per layer)
-    torch.testing.assert_close(model.region_hash.regions, ref_sd["regions"], rtol=0, atol=0)
+    torch.testing.assert_close(model.shared.regions, ref_sd["regions"], rtol=0, atol=0)
     torch.testing.assert_close(model.blocks[2].mixer.alpha, ref_sd["attns.2.attn.e2lsh.alpha"], rtol=0, atol=0)
 
 

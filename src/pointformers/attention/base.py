@@ -59,6 +59,11 @@ class ForwardContext:
             self._store[key] = compute()
         return self._store[key]
 
+    def put(self, key, value) -> None:
+        """Store ``value`` under ``key`` (a model that prepared a mechanism's state itself, e.g. in
+        a special padding layout, hands it to the layers this way)."""
+        self._store[key] = value
+
     def __contains__(self, key) -> bool:
         return key in self._store
 
@@ -109,6 +114,11 @@ class TokenMixer(nn.Module):
         return context.get(self.prepare_key(), lambda: self.prepare(pos, mask))
 
     # ---------------------------------------------------------------- export
+    def min_points(self) -> int:
+        """Smallest point count this module handles once exported (sampling mechanisms fix k at
+        export time; default 1)."""
+        return 1
+
     def export_refusal(self) -> str | None:
         """Why this module (with its options) cannot be exported, or None when it can. Default: the
         registry's ``export`` reason for the mechanism."""

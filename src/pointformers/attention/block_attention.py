@@ -28,6 +28,10 @@ import torch
 from ..nn import fast_linear
 from .kernel import DENOM_EPS
 
+#: Default groups (cloud × head) per block-attention chunk of the static (export) path; None = all
+#: at once. A memory/speed knob of the exported graph (see :func:`static_block_sums`).
+DEFAULT_GROUP_CHUNK: int | None = None
+
 #: Lower clamp of the logits. CPU exp takes a slow path below about −88 (5–10× slower), so
 #: logits are clamped to −87 first: exp(−87) ≈ 1.6e−38 instead of an underflowed 0. With at
 #: most T·b such terms per query this moves a sum by < 1e−35, far below the 1e−20 per-table
@@ -255,10 +259,91 @@ def sorted_block_attention_rows(qa: torch.Tensor, ka: torch.Tensor, va: torch.Te
     return _SortedBlockAttention.apply(qa, ka, va, iq, ik, block_size, chunk_blocks)
 
 
+def static_block_sums(qa: torch.Tensor, ka: torch.Tensor, va: torch.Tensor, iq: torch.Tensor, ik: torch.Tensor,
+                      block_size: int, group_chunk: int | None = DEFAULT_GROUP_CHUNK) -> torch.Tensor:
+    """Σ_t A⁽ᵗ⁾V' in point order with a graph whose shapes are static in n: the export path of
+    the block attention (the same sums as :func:`_attend`, without its data-dependent chunk loop,
+    ``index_add_`` and custom autograd).
+
+    Each group's sort order (length n, any n) is extended by ``2b`` indices of an all-zero dummy
+    row and cut into ``n // b + 2`` blocks by index arithmetic, so real points fall in the same
+    blocks as in the padded layout of the training path (block j = sorted positions jb … jb+b−1)
+    and the dummy keys, whose value rows are 0, add nothing, as padded keys do. Results go back to
+    point order by a gather with the inverse permutation. ``n // b + 2`` blocks (always ≥ 2) spare
+    the exporter a size-1 special case; trailing all-dummy blocks cost one block of work per group.
+
+    Args:
+        qa, ka: (G, n, D+2) augmented rows per group (cloud × head), norm columns filled;
+            va: (G, n, dv+1) value rows [v, 1], all zero for padded keys.
+        iq, ik: (G, T, n) int64 per-table sort orders (local indices 0 … n−1).
+        block_size: b. group_chunk: groups per chunk (a static Python loop; None = all at once).
+    Returns:
+        (G, n, dv+1): Σ_t numerators (first dv columns) and denominators (last column), without
+        the per-table guard.
+    """
+    G, N, Dq = qa.shape
+    Dv = va.shape[-1]
+    T = iq.shape[1]
+    b = block_size
+    dev = qa.device
+    nb = N // b + 2
+    blk = (torch.arange(nb, device=dev) * b).unsqueeze(-1) + torch.arange(b, device=dev)  # (nb, b)
+    ranks = torch.arange(N, device=dev)
+    step = G if not group_chunk else min(group_chunk, G)
+    outs = []
+    for g0 in range(0, G, step):
+        g1 = min(g0 + step, G)
+        g = g1 - g0
+        dummy = g * N  # index of the appended all-zero row
+        rows_q = torch.cat([qa[g0:g1].reshape(g * N, Dq), qa.new_zeros(1, Dq)])
+        rows_k = torch.cat([ka[g0:g1].reshape(g * N, Dq), ka.new_zeros(1, Dq)])
+        rows_v = torch.cat([va[g0:g1].reshape(g * N, Dv), va.new_zeros(1, Dv)])
+        base = (torch.arange(g, device=dev) * N).view(g, 1)
+        pad = torch.full((g, 2 * b), dummy, dtype=torch.int64, device=dev)  # slots n … nb·b − 1
+        slot_base = torch.arange(g, device=dev).view(g, 1) * (nb * b)
+        acc = None
+        for t in range(T):
+            oq, ok = iq[g0:g1, t], ik[g0:g1, t]  # (g, n)
+            sq = torch.cat([oq + base, pad], 1)[:, blk]  # (g, nb, b) rows in block order
+            sk = torch.cat([ok + base, pad], 1)[:, blk]
+            scores = torch.matmul(rows_q[sq], rows_k[sk].transpose(-1, -2)).clamp(_LOGIT_FLOOR, 0.0).exp()
+            res = torch.matmul(scores, rows_v[sk]).flatten(0, 2)  # (g·nb·b, Dv) in block order
+            # query i of group j sits at slot j·nb·b + rank_t(i)
+            inv = torch.empty_like(oq).scatter(1, oq, ranks.expand(g, N))
+            back = res[inv + slot_base]  # (g, n, Dv)
+            acc = back if acc is None else acc + back
+        outs.append(acc)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+
+
+def _static_projected(xp, wq, wk, wv, heads: int, sort_head, block_size: int, group_chunk) -> torch.Tensor:
+    """The export path of :func:`projected_sorted_block_attention` (same arguments, same result)."""
+    P = xp.shape[0]
+    qa, ka, va = (torch.matmul(xp, w.T).view(P, heads, -1) for w in (wq, wk, wv))
+    fill_norm_columns(qa, ka)
+    iqs, iks = [], []
+    with torch.no_grad():
+        for h in range(heads):
+            iq, ik = sort_head(qa[:, h], ka[:, h], h)  # (C, T, n) row numbers c·n + i into head h's rows
+            base = (torch.arange(iq.shape[0], device=xp.device) * iq.shape[2]).view(-1, 1, 1)
+            iqs.append(iq - base)
+            iks.append(ik - base)
+    C, T, n = iqs[0].shape
+
+    def groups(r: torch.Tensor) -> torch.Tensor:  # (P, H, w) -> (H·C, n, w), group h·C + c
+        return r.transpose(0, 1).reshape(heads * C, n, r.shape[-1])
+
+    acc = static_block_sums(groups(qa), groups(ka), groups(va), torch.cat(iqs), torch.cat(iks), block_size,
+                            group_chunk)
+    out = acc[..., :-1] / (acc[..., -1:] + T * DENOM_EPS)  # (H·C, n, dv)
+    return out.view(heads, P, -1).transpose(0, 1).reshape(P, -1)
+
+
 def projected_sorted_block_attention(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
                                      heads: int, sort_head, block_size: int,
                                      chunk_elems: int = DEFAULT_CHUNK_ELEMS, sort_heads=None,
-                                     all_heads: bool | None = None) -> torch.Tensor:
+                                     all_heads: bool | None = None, static: bool = False,
+                                     group_chunk: int | None = DEFAULT_GROUP_CHUNK) -> torch.Tensor:
     """:func:`sorted_block_attention` whose rows are projections of a narrow input, one head at a
     time (memory-lean and cache-friendly, see :class:`_ProjectedSortedBlockAttention`).
 
@@ -275,9 +360,14 @@ def projected_sorted_block_attention(xp: torch.Tensor, wq: torch.Tensor, wk: tor
             one head at a time; ``None``: off the CPU. A GPU is launch-bound by the per-head loop
             (measurements in docs/benchmarks.md, "GPU notes"), while on the CPU one head's rows
             stay in cache. Same results either way (up to float rounding).
+        static: the export path (:func:`static_block_sums`): no data-dependent loop, no custom
+            autograd; P need not be a multiple of b (no padding needed); inference only.
+        group_chunk: groups per chunk of the static path (None: all at once).
     Returns:
         (P, H·dv), heads concatenated h-major per point.
     """
+    if static:
+        return _static_projected(xp, wq, wk, wv, heads, sort_head, block_size, group_chunk)
     if all_heads is None:
         all_heads = sort_heads is not None and xp.device.type != "cpu"
     if all_heads:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from .block_attention import DEFAULT_CHUNK_ELEMS, projected_sorted_block_attention
+from .base import is_tracing
+from .block_attention import DEFAULT_CHUNK_ELEMS, DEFAULT_GROUP_CHUNK, projected_sorted_block_attention
+from .flop_count import FlopCount, block_core, e2lsh_hash, projections
 from .hept_regions import HEPTContext, HEPTRegions
 from .kernel import KernelAttention
 from .registry import register
@@ -51,7 +53,26 @@ def authors_argsort(keys: torch.Tensor, ctx: HEPTContext) -> torch.Tensor:
     return out
 
 
-@register("hept")
+def block_flops(m, n: int, dim: int, pos_dim: int | None = None) -> FlopCount:
+    """One layer of HEPT or ``lsh_or`` (see :mod:`.flop_count`): projections, E2LSH hashes (no
+    gradient) and the block kernel."""
+    H, d, c = m.heads, m.head_dim, m.coord_dim
+    f = FlopCount().add("projections", projections(n, dim, H, d))
+    f.add("hash projections", H * e2lsh_hash(n, d + c, m.n_hashes, getattr(m, "n_and", 1)), grad=False)
+    f.add("block attention", H * block_core(n, d, c, m.block_size, m.n_hashes))
+    return f
+
+
+def shared_regions(dim: int, heads: int = 8, block_size: int = 100, n_hashes: int = 3, num_regions: float = 150,
+                   generator: torch.Generator | None = None, **_options) -> HEPTRegions:
+    """The region counts a HEPT model owns once for all its layers (the authors' layout), built
+    from the layers' options."""
+    return HEPTRegions(num_regions, n_hashes, heads, block_size, generator)
+
+
+@register("hept", flops=block_flops, shared=shared_regions,
+          bench={"coord_dim": 3, "block_size": 100, "n_hashes": 3, "num_regions": 150},
+          model_options=("head_dim", "coord_dim", "block_size", "n_hashes", "num_regions"))
 class HEPTAttention(KernelAttention):
     """HEPT attention (OR & AND E2LSH with coordinate AND codes, block attention).
 
@@ -64,12 +85,14 @@ class HEPTAttention(KernelAttention):
         block_size: b (paper: 100).
         n_hashes: OR tables m₁ (paper: 3).
         num_regions: G, regions per table (paper: 150 for Tracking-60k).
-        own_regions: if False the module expects a shared :class:`HEPTContext` from its model
-            (the model owns one :class:`HEPTRegions` for all layers, as the authors' code).
+        shared: the :class:`HEPTRegions` a model owns once for all its layers (the authors'
+            layout; built by the registry's ``shared`` factory); None: the layer owns its own.
+        own_regions: False for a layer that is given its regions later (:meth:`bind_shared`).
         chunk_elems: score entries per fused chunk (speed/memory knob, not semantics).
         all_heads: attend all heads at once (True) or one at a time (False); None (default):
             all at once off the CPU (see :func:`.block_attention.projected_sorted_block_attention`;
             a speed knob, not semantics).
+        group_chunk: heads per block-attention chunk in export mode (a memory knob; None = all).
         generator: optional torch.Generator for the frozen random draws.
     Shapes: x (B, N, D), pos (B, N, c), mask (B, N) -> (B, N, D).
     """
@@ -78,7 +101,8 @@ class HEPTAttention(KernelAttention):
                  block_size: int = 100, n_hashes: int = 3, num_regions: float = 150,
                  tie_first_two: bool = True, omega_init: float = 10.0, own_regions: bool = True,
                  chunk_elems: int = DEFAULT_CHUNK_ELEMS, generator: torch.Generator | None = None,
-                 all_heads: bool | None = None):
+                 all_heads: bool | None = None, group_chunk: int | None = DEFAULT_GROUP_CHUNK,
+                 shared: HEPTRegions | None = None):
         if coord_dim < 2:
             raise ValueError(f"coord_dim must be >= 2 (η and φ drive HEPT's region hashing), got {coord_dim}")
         if not isinstance(block_size, int) or block_size < 1:
@@ -90,17 +114,41 @@ class HEPTAttention(KernelAttention):
         self.n_hashes = n_hashes
         self.chunk_elems = chunk_elems
         self.all_heads = all_heads
+        self.group_chunk = group_chunk
         alpha = torch.randn(heads, self.head_dim + coord_dim, n_hashes, generator=generator)
         self.register_buffer("alpha", alpha)
-        self.region_hash = HEPTRegions(num_regions, n_hashes, heads, block_size, generator) if own_regions else None
+        own = own_regions and shared is None
+        self.region_hash = HEPTRegions(num_regions, n_hashes, heads, block_size, generator) if own else None
+        self._shared = None
+        if shared is not None:
+            self.bind_shared(shared)
+
+    def bind_shared(self, regions: HEPTRegions) -> None:
+        """Use ``regions``, owned by the model and shared by all its layers (not registered here,
+        so the model's state_dict holds it once)."""
+        if not isinstance(regions, HEPTRegions) or regions.regions.shape != (self.n_hashes, 2, self.heads):
+            raise ValueError(f"bind_shared: expected HEPTRegions for ({self.n_hashes} tables, {self.heads} heads)")
+        object.__setattr__(self, "_shared", regions)
+
+    @property
+    def regions_module(self) -> HEPTRegions:
+        regions = self.region_hash if self.region_hash is not None else self._shared
+        if regions is None:
+            raise ValueError("this HEPTAttention has own_regions=False and no bound regions: build it inside a "
+                             "model (which calls bind_shared) or pass own_regions=True")
+        return regions
+
+    def prepare_key(self):
+        # the state depends only on the region counts, and on the layout: padded to blocks, or not in
+        # export mode. Keyed by the regions module itself, so a model can put a state it prepared
+        # (the authors' duplicate padding) under it.
+        return (self.regions_module, "export") if self.exportable else self.regions_module
 
     def prepare(self, pos: torch.Tensor, mask: torch.Tensor | None = None) -> HEPTContext:
-        """Region codes and padding layout for ``pos`` (B, N, c); share the result across layers."""
-        if self.region_hash is None:
-            raise ValueError("this HEPTAttention has own_regions=False: pass context= from its model")
+        """Region codes and padding layout for ``pos`` (B, N, c); shared by layers with the same regions."""
         if mask is None:
             mask = torch.ones(pos.shape[:2], dtype=torch.bool, device=pos.device)
-        return self.region_hash(pos, mask)
+        return self.regions_module(pos, mask, pad=not self.exportable)
 
     def sort_orders(self, qa: torch.Tensor, ka: torch.Tensor, ctx: HEPTContext, heads: list[int]):
         """Per-table sort orders of the heads ``heads`` (nh of them) at once.
@@ -143,11 +191,14 @@ class HEPTAttention(KernelAttention):
         return tuple((o * H + heads).reshape(B * H, -1, Np) for o in (iq, ik))
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                context: HEPTContext | None = None, **unused) -> torch.Tensor:
+                context=None) -> torch.Tensor:
+        """x (B, N, D), pos (B, N, c), mask (B, N); ``context``: a :class:`~.base.ForwardContext`
+        shared by the model's layers (or, as before, a prepared :class:`HEPTContext`)."""
         mask = self.check(x, pos, mask, "hept")
-        ctx = context if context is not None else self.prepare(pos, mask)
+        ctx = context if isinstance(context, HEPTContext) else self.prepared(pos, mask, context)
         B, N, _ = x.shape
-        if ctx.n_points != N or ctx.mask.shape[0] != B or ctx.codes.shape[1:3] != (self.n_hashes, self.heads):
+        if not is_tracing() and (ctx.n_points != N or ctx.mask.shape[0] != B
+                                 or ctx.codes.shape[1:3] != (self.n_hashes, self.heads)):
             raise ValueError(f"context was prepared for {tuple(ctx.mask.shape[:1])} clouds × {ctx.n_points} points, "
                              f"{tuple(ctx.codes.shape[1:3])} (tables, heads); got x {tuple(x.shape)} and "
                              f"({self.n_hashes}, {self.heads})")
@@ -160,6 +211,6 @@ class HEPTAttention(KernelAttention):
         o = projected_sorted_block_attention(
             xp, wq, wk, wv, H, lambda qa, ka, h: self.head_sort_orders(qa, ka, ctx, h), self.block_size,
             self.chunk_elems, sort_heads=lambda qa, ka: self.sort_indices(qa.view(B, Np, H, -1), ka.view(B, Np, H, -1), ctx),
-            all_heads=self.all_heads)
+            all_heads=self.all_heads, static=self.exportable, group_chunk=self.group_chunk)
         y = self.out_linear(o.view(B, Np, H * d))  # rows are (b, i, h): heads concatenated h-major
         return self.zero_padding(y, ctx.mask)[:, :N]

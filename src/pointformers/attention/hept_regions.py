@@ -67,7 +67,7 @@ class HEPTContext:
 
     @property
     def n_padded(self) -> int:
-        return int(self.mask.shape[1])
+        return self.mask.shape[1]  # no int(): a traced graph keeps the point count symbolic
 
 
 def _ranks(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -104,10 +104,15 @@ def region_codes(eta: torch.Tensor, phi: torch.Tensor, mask: torch.Tensor, regio
         authors_sort: rank with PyTorch's default sort as the authors (see :func:`region_indices`).
     Returns:
         (B, T, H, Np) int64 codes; ``bits = ceil(log2(max r_η + 1))`` per (cloud, table, head).
+
+    Computed without ``log2`` and bit shifts, which not every graph exporter translates: ``bits`` is
+    the number of powers of two ≤ max r_η (equal to ceil(log2(top + 1)) for top ≥ 0, in integers),
+    and ``(r_φ << bits) | r_η`` is ``r_φ·2^bits + r_η`` because r_η < 2^bits at every real point.
     """
     r_eta, r_phi, top = region_indices(eta, phi, mask, regions, authors_sort)
-    bits = torch.ceil(torch.log2(top.double() + 1)).to(torch.int64)
-    return (r_phi << bits) | r_eta
+    pow2 = torch.pow(2, torch.arange(62, device=eta.device, dtype=torch.int64))
+    bits = (top.unsqueeze(-1) >= pow2).sum(-1)
+    return r_phi * pow2[bits] + r_eta
 
 
 def region_indices(eta: torch.Tensor, phi: torch.Tensor, mask: torch.Tensor, regions: torch.Tensor,
@@ -195,13 +200,32 @@ class HEPTRegions(nn.Module):
         with torch.no_grad():
             return region_codes(pos[..., 0], pos[..., 1], mask, self.regions, authors_sort)
 
-    def forward(self, pos: torch.Tensor, mask: torch.Tensor) -> HEPTContext:
-        """pos (B, N, c ≥ 2) with η, φ in columns 0, 1; mask (B, N) -> :class:`HEPTContext`."""
+    def duplicate_layout(self, pos: torch.Tensor, mask: torch.Tensor):
+        """The authors' padding by duplicated points (:func:`duplicate_padding`), with the codes of
+        the real points copied to their duplicates.
+
+        pos (B, N, c), mask (B, N) -> rows (B, P) source row of each padded row, pmask (B, P) rows
+        in use, and the :class:`HEPTContext` of the padded layout (sorted as the authors' code).
+        """
+        codes = self.codes(pos, mask, authors_sort=True)  # (B, T, H, N) from the real points only
+        rows, lengths = duplicate_padding(codes, mask, self.block_size)
+        P = rows.shape[1]
+        T, H = codes.shape[1:3]
+        pmask = torch.arange(P, device=pos.device)[None, :] < lengths[:, None]
+        ctx = HEPTContext(mask=pmask, codes=codes.gather(3, rows[:, None, None, :].expand(-1, T, H, -1)),
+                          n_points=P, block_size=self.block_size, authors_sort=True, lengths=lengths)
+        return rows, pmask, ctx
+
+    def forward(self, pos: torch.Tensor, mask: torch.Tensor, pad: bool = True) -> HEPTContext:
+        """pos (B, N, c ≥ 2) with η, φ in columns 0, 1; mask (B, N) -> :class:`HEPTContext`.
+
+        ``pad``: extend the layout to a multiple of the block size (the training path's blocks);
+        False for the export path, which cuts blocks by index arithmetic instead."""
         B, N = mask.shape
         b = self.block_size
-        Np = -(-N // b) * b
+        Np = -(-N // b) * b if pad else N
         codes = self.codes(pos, mask)
-        if Np != N:
+        if pad and Np != N:
             mask = torch.cat([mask, mask.new_zeros(B, Np - N)], 1)
             codes = torch.cat([codes, codes.new_zeros(*codes.shape[:3], Np - N)], 3)
         return HEPTContext(mask=mask, codes=codes, n_points=N, block_size=b)

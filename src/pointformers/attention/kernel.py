@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .base import TokenMixer, check_attention_inputs
+from .flop_count import FlopCount, dense_core, projections
 from .registry import register
 
 #: The per-table denominator guard of the authors' code.
@@ -24,7 +25,12 @@ def rbf_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return (qk - 0.5 * q.pow(2).sum(-1, keepdim=True) - 0.5 * k.pow(2).sum(-1).unsqueeze(-2)).clamp_max(0.0)
 
 
-@register("kernel")
+def _kernel_flops(m, n: int, dim: int, pos_dim: int | None = None) -> FlopCount:
+    f = FlopCount().add("projections", projections(n, dim, m.heads, m.head_dim))
+    return f.add("attention", m.heads * dense_core(n, m.head_dim + m.coord_dim + 2, m.head_dim))
+
+
+@register("kernel", flops=_kernel_flops, bench={"coord_dim": 3})
 class KernelAttention(TokenMixer):
     """Dense (quadratic) row-normalised RBF attention on coordinate-augmented queries and keys.
 
@@ -36,13 +42,17 @@ class KernelAttention(TokenMixer):
         tie_first_two: η and φ (columns 0, 1) share one ω, as in the authors' code
             ("they are used to calc dR").
         omega_init: initial ω (≈ 10 under the authors' parameterisation at default init).
+        query_chunk: queries per chunk (memory O(chunk · N)); export mode takes all at once.
     ω is positive, per head and per coordinate: ω = exp(θ), θ ∈ ℝ^{H × c'} learnable.
     Shapes: x (B, N, D), pos (B, N, c), mask (B, N) -> (B, N, D).
     """
 
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, coord_dim: int = 2,
-                 tie_first_two: bool = True, omega_init: float = 10.0):
+                 tie_first_two: bool = True, omega_init: float = 10.0, query_chunk: int = 1024):
         super().__init__(dim, heads)
+        if not isinstance(query_chunk, int) or query_chunk < 1:
+            raise ValueError(f"query_chunk must be a positive int, got {query_chunk!r}")
+        self.query_chunk = query_chunk
         if not isinstance(coord_dim, int) or coord_dim < 1:
             raise ValueError(f"coord_dim must be a positive int, got {coord_dim!r}")
         if omega_init <= 0:
@@ -123,12 +133,14 @@ class KernelAttention(TokenMixer):
                                       requires_pos=True, who=who)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                query_chunk: int = 1024, **unused) -> torch.Tensor:
+                context=None) -> torch.Tensor:
         mask = self.check(x, pos, mask, "kernel")
         q, k, v = self.augmented_qkv(x, pos, mask)
         key_ok = mask[:, None, None, :]
         outs = []
-        for s in range(0, q.shape[2], query_chunk):  # chunk queries: memory O(chunk · N)
-            a = rbf_logits(q[:, :, s:s + query_chunk], k).exp().masked_fill(~key_ok, 0.0)
+        # chunk queries (memory O(chunk · N)); export mode: one chunk (a loop over N-dependent chunks
+        # cannot be traced for a dynamic N)
+        for qs in ([q] if self.exportable else q.split(self.query_chunk, dim=2)):
+            a = rbf_logits(qs, k).exp().masked_fill(~key_ok, 0.0)
             outs.append((a @ v) / (a.sum(-1, keepdim=True) + DENOM_EPS))
         return self.merge_heads(torch.cat(outs, 2), mask)

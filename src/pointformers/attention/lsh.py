@@ -20,8 +20,8 @@ import math
 
 import torch
 
-from .block_attention import DEFAULT_CHUNK_ELEMS, projected_sorted_block_attention
-from .hept import masked_range
+from .block_attention import DEFAULT_CHUNK_ELEMS, DEFAULT_GROUP_CHUNK, projected_sorted_block_attention
+from .hept import block_flops, masked_range
 from .kernel import KernelAttention
 from .registry import register
 from .stable_sort import stable_argsort
@@ -53,7 +53,7 @@ def _equal_count_buckets(values: torch.Tensor, valid: torch.Tensor, counts: torc
     return torch.div(ranks, size, rounding_mode="floor") + 1
 
 
-@register("lsh_or")
+@register("lsh_or", flops=block_flops, bench={"coord_dim": 3, "block_size": 100, "n_hashes": 3})
 class LSHAttention(KernelAttention):
     """OR-only (or OR & AND) E2LSH block attention on the HEPT kernel, without coordinate codes.
 
@@ -62,19 +62,22 @@ class LSHAttention(KernelAttention):
         block_size: b. n_hashes: OR tables m₁. n_and: hash functions per table m₂ (1 = OR-only).
         num_regions: G = Π_j B_ij for the aux codes (used when n_and ≥ 2).
         tied: share the query and key projection (q = k), as in Reformer.
+        group_chunk: heads per block-attention chunk in export mode (a memory knob; None = all).
     Shapes: x (B, N, D), pos (B, N, c), mask (B, N) -> (B, N, D).
     """
 
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, coord_dim: int = 2,
                  block_size: int = 100, n_hashes: int = 3, n_and: int = 1, num_regions: float = 150,
                  tied: bool = False, tie_first_two: bool = True, omega_init: float = 10.0,
-                 chunk_elems: int = DEFAULT_CHUNK_ELEMS, generator: torch.Generator | None = None):
+                 chunk_elems: int = DEFAULT_CHUNK_ELEMS, generator: torch.Generator | None = None,
+                 group_chunk: int | None = DEFAULT_GROUP_CHUNK):
         for name, val in (("block_size", block_size), ("n_hashes", n_hashes), ("n_and", n_and)):
             if not isinstance(val, int) or val < 1:
                 raise ValueError(f"{name} must be a positive int, got {val!r}")
         super().__init__(dim, heads, head_dim, coord_dim, tie_first_two, omega_init)
         self.block_size, self.n_hashes, self.n_and, self.tied = block_size, n_hashes, n_and, bool(tied)
         self.chunk_elems = chunk_elems
+        self.group_chunk = group_chunk
         if self.tied:
             del self.w_k  # q = k: one projection
         D = self.head_dim + coord_dim
@@ -139,11 +142,12 @@ class LSHAttention(KernelAttention):
         return tq.masked_fill(pad, float("inf")), tk.masked_fill(pad, float("inf"))
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                **unused) -> torch.Tensor:
+                context=None) -> torch.Tensor:
         mask = self.check(x, pos, mask, "lsh_or")
         B, N, _ = x.shape
         b = self.block_size
-        Np = -(-N // b) * b
+        # export mode cuts blocks by index arithmetic: no padding to a multiple of b
+        Np = N if self.exportable else -(-N // b) * b
         if Np != N:
             x = torch.cat([x, x.new_zeros(B, Np - N, x.shape[-1])], 1)
             pos = torch.cat([pos, pos.new_zeros(B, Np - N, pos.shape[-1])], 1)
@@ -152,6 +156,12 @@ class LSHAttention(KernelAttention):
         xp, wq, wk, wv = self.projection_inputs(x, pos, mask)
         H, d = self.heads, self.head_dim
         o = projected_sorted_block_attention(xp, wq, wk, wv, H, lambda qa, ka, h: self.head_sort_orders(qa, ka, mask, h),
-                                             b, self.chunk_elems)
+                                             b, self.chunk_elems, static=self.exportable, group_chunk=self.group_chunk)
         y = self.out_linear(o.view(B, Np, H * d))  # rows are (b, i, h): heads concatenated h-major
         return self.zero_padding(y, mask)[:, :N]
+
+    def export_refusal(self) -> str | None:
+        if self.n_and > 1:
+            return (f"n_and={self.n_and} buckets its AND hashes with torch.searchsorted, which has no ONNX "
+                    "translation; n_and=1 (OR-only) exports")
+        return None

@@ -13,13 +13,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..nn.model_inputs import is_tracing
+
 __all__ = ["stable_argsort"]
 
 
 def stable_argsort(x: torch.Tensor) -> torch.Tensor:
     """``torch.argsort(x, dim=-1, stable=True)`` (int64), without autograd. x: (..., n), no NaN."""
     if (x.device.type != "cpu" or x.dtype != torch.float32 or x.shape[-1] >= 2**31 or x.numel() == 0
-            or torch.compiler.is_compiling() or torch.jit.is_tracing()):
+            or is_tracing()):
         return torch.argsort(x.detach(), dim=-1, stable=True)
     a = (x.detach() + 0.0).contiguous().numpy()  # + 0.0: −0.0 becomes +0.0, equal as torch compares
     bits = a.view(np.int32)

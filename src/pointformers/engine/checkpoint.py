@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..files import atomic_write
+from ..models.migration import STATE_VERSION, migrate_state_dict
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -43,7 +44,9 @@ __all__ = [
 
 #: Value of the ``format`` key that marks a pointformers checkpoint.
 CHECKPOINT_FORMAT = "pointformers-checkpoint"
-_VERSION = 1
+#: Format version written: the model state_dict layout version (:mod:`pointformers.models.migration`);
+#: older checkpoints are migrated on load.
+_VERSION = STATE_VERSION
 
 
 class CheckpointError(ValueError):
@@ -136,8 +139,9 @@ def model_from_checkpoint(path_or_checkpoint: str | os.PathLike | Mapping[str, A
         model = models.build(ckpt["model_name"], **dict(ckpt["model_config"]))
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {where!r}: cannot rebuild model {ckpt['model_name']!r}: {exc}") from exc
+    state = migrate_state_dict(ckpt["model"], int(ckpt.get("version", 1)))
     try:
-        model.load_state_dict(ckpt["model"], strict=True)
+        model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         raise CheckpointError(f"checkpoint {where!r}: weights do not fit model {ckpt['model_name']!r}: "
                               f"{str(exc).splitlines()[0]}") from exc

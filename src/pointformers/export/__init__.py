@@ -7,11 +7,10 @@
 ONNX export needs the optional extra ``pointformers[export]`` (onnx, onnxscript, onnxruntime);
 ``torch.export`` needs only torch.
 """
-from .hept_inference import hept_attention, region_codes, sorted_block_attention_static
-from .onnx_export import (EXPORT_FORMATS, ExportableModel, UnsupportedExportError, export_model, load_model,
-                          supported_mechanisms)
+from .onnx_export import (EXPORT_FORMATS, ExportableModel, UnsupportedExportError, check_exportable, export_model,
+                          load_model, supported_mechanisms)
 from .runtime import ExportedInference, OnnxInference, TorchExportInference, load_exported, read_metadata
 
 __all__ = ["export_model", "load_model", "ExportableModel", "UnsupportedExportError", "supported_mechanisms",
            "EXPORT_FORMATS", "OnnxInference", "TorchExportInference", "ExportedInference", "load_exported",
-           "read_metadata", "hept_attention", "region_codes", "sorted_block_attention_static"]
+           "read_metadata", "check_exportable"]

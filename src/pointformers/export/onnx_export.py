@@ -2,43 +2,32 @@
 
 The exported graph is one event (one cloud) of any size::
 
-    embedding = f(x (N, F), coords (N, c))       # -> (N, out_dim), N dynamic
+    output = f(x (N, F), coords (N, c))       # -> (N, out_dim) embeddings (or (N,) pile-up logits)
 
-built by :class:`ExportableModel`, which runs the model's own layers and weights but replaces
-each mechanism's token mixer by its *inference path* (eval mode, no input checks, no Python
-loop whose trip count depends on N, no custom ``autograd.Function``):
+traced from the model itself: :class:`ExportableModel` switches every token mixer of the model
+to its export mode (:func:`pointformers.attention.set_exportable`: the same function through a
+graph with no Python loop whose trip count depends on N and no custom ``autograd.Function``; each
+mechanism keeps that path in its own file) and calls the model on one cloud. Input checks are
+skipped while tracing. Mechanisms or options that cannot be exported raise
+:class:`~pointformers.attention.UnsupportedExportError` naming the mechanism and the reason
+(from the mechanism's registry entry or its ``export_refusal()``).
 
-========================  ==================================================================
-``hept``                  :func:`.hept_inference.hept_attention` (static block attention)
-``lsh_or`` (n_and = 1)    :func:`.hept_inference.lsh_attention`
-``kernel``                dense, unchunked (O(N²) memory: small clouds only)
-``full``                  ``scaled_dot_product_attention`` (as the module)
-``performer``, ``flt``    FAVOR+ with the frozen eval draws (non-causal only)
-``sft``                   eval sampler (stratified partners), maxout by a loop over channels
-``samsa``                 eval top-k selection (hard) or soft top-2k mixture (soft)
-``serialized``            curve order + patches cut by index arithmetic
-========================  ==================================================================
+This module keeps what export itself needs: loading (training checkpoints, the authors' HEPT
+file), the wrapper, the exporter calls with a dynamic point dimension, ONNX translations of three
+ATen ops and the file's metadata. Both formats go through ``torch.export``; the ONNX file is the
+translation of that program (``torch.onnx.export(dynamo=True)``). ``torch.sort(stable=True)`` is
+lowered to ONNX ``TopK``, whose specification breaks ties by the lower index, i.e. the stable
+order; ``softplus`` and ``gelu`` get translations that onnxruntime's CPU kernels run in float64 too
+(its ``Softplus`` and ``Erf`` are float32 only; a float64 graph evaluates erf in float32). Models
+are exported in ``eval()`` mode (dropout off) and in the requested dtype.
 
-Mechanisms that cannot be exported raise :class:`UnsupportedExportError` naming the mechanism
-and the reason (``knn``: its exact search is a query-chunk loop whose trip count depends on N,
-and unchunked it needs an N × N distance matrix; ``sampled``: its eval cycle is ``randperm(n)``
-drawn from a CPU generator seeded per point count, which no graph op reproduces; ...).
-
-Both formats go through ``torch.export`` with a dynamic point dimension; the ONNX file is the
-translation of that program (``torch.onnx.export(dynamo=True)``). ``torch.sort(stable=True)``
-is lowered to ONNX ``TopK``, whose specification breaks ties by the lower index, i.e. the
-stable order; ``softplus`` and ``gelu`` get translations that onnxruntime's CPU kernels run in
-float64 too (its ``Softplus`` and ``Erf`` are float32 only; a float64 graph evaluates erf in
-float32). Models are exported in ``eval()`` mode (dropout off) and in the requested dtype.
-
-Accuracy. In float64 the exported HEPT graph reproduces PyTorch to ~1e-12 (relative; tests hold it
-to 1e-9 at two point counts from one file). The FAVOR+-based paths (``performer``, ``flt``) and
-``full``/``sft``/``samsa`` agree to ~1e-8 in float64 ONNX because the exporter stores a few scalar
-constants (softmax scales) in float32; torch.export reproduces every path to rounding. In float32
-compare by the fraction of points that agree: HEPT's trained checkpoint is ill-conditioned (ω up
-to 1.7e7, logits as differences of order-1e8 terms), so float32 onnxruntime and float32 PyTorch
-agree on ~68% of points to 1e-3 and ~99% to 1e-1 at 6k points — as float32 and float64 PyTorch
-do (see README.md, "Using the authors' checkpoint").
+Accuracy. In float64 the exported HEPT graph reproduces PyTorch to ~1e-12 (relative). The
+FAVOR+-based paths (``performer``, ``flt``) and ``full``/``sft``/``samsa`` agree to ~1e-8 in float64
+ONNX because the exporter stores a few scalar constants (softmax scales) in float32; torch.export
+reproduces every path to rounding. In float32 compare by the fraction of points that agree: HEPT's
+trained checkpoint is ill-conditioned (ω up to 1.7e7, logits as differences of order-1e8 terms), so
+float32 onnxruntime and float32 PyTorch agree on most points but not all (see README.md, "Using the
+authors' checkpoint").
 """
 from __future__ import annotations
 
@@ -48,260 +37,76 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .hept_inference import (DEFAULT_GROUP_CHUNK, hept_attention, hept_prepare, kernel_attention, lsh_attention)
+from ..attention import MECHANISMS, TokenMixer, UnsupportedExportError, set_exportable
 
 __all__ = ["UnsupportedExportError", "ExportableModel", "export_model", "load_model", "supported_mechanisms",
-           "EXPORT_FORMATS", "METADATA_KEY"]
+           "check_exportable", "EXPORT_FORMATS", "METADATA_KEY"]
 
 #: ``format=`` values of :func:`export_model`.
 EXPORT_FORMATS = ("onnx", "torch.export")
 #: Key of the JSON metadata in the ONNX ``metadata_props`` and the ``.pt2`` extra files.
 METADATA_KEY = "pointformers"
-_METADATA_VERSION = 1
-
-
-class UnsupportedExportError(ValueError):
-    """The model (or one of its mechanisms) has no exportable inference path; the message says why."""
-
-    def __init__(self, mechanism: str, reason: str):
-        self.mechanism, self.reason = mechanism, reason
-        super().__init__(f"cannot export attention mechanism {mechanism!r}: {reason}")
-
-
-# ------------------------------------------------------------------------------ mechanisms
-# Each inference path: fn(module, x (B, N, D), pos (B, N, c), mask (B, N) bool, shared) -> (B, N, D).
-# The exported graph is one cloud without padding (mask all True), which is what lets the
-# SDPA-based paths skip the key mask exactly as the modules do for unpadded input.
-
-def _full(attn, x, pos, mask, shared):
-    B, N, _ = x.shape
-    H, d = attn.heads, attn.head_dim
-    q, k, v = (w(x).view(B, N, H, d).transpose(1, 2) for w in (attn.w_q, attn.w_k, attn.w_v))
-    o = F.scaled_dot_product_attention(q, k, v)
-    return attn.out_linear(o.transpose(1, 2).reshape(B, N, H * d))
-
-
-def _performer(attn, x, pos, mask, shared):
-    from ..attention.random_features import favor_attention
-
-    q, k, v = attn.qkv(x, mask)
-    o = favor_attention(q, k, v, attn.features.value, mask, causal=False)  # eval: the frozen draw
-    return attn.merge_heads(o, mask, x.dtype)
-
-
-def _flt(attn, x, pos, mask, shared):
-    from ..attention.random_features import favor_attention
-
-    qh, kh, v = attn.augmented_qkv(x, pos, mask, attn.rpe_noise.value)
-    o = favor_attention(qh, kh, v, attn.omega.value, mask, causal=False)
-    return attn.merge_heads(o, mask, x.dtype)
-
-
-def maxout_by_channels(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Σ_c max(q_ic, k_jc) with one (…, n, m) temporary per channel (no ``cdist``, which ONNX lacks)."""
-    out = None
-    for c in range(q.shape[-1]):
-        term = torch.maximum(q[..., :, c:c + 1], k[..., c].unsqueeze(-2))
-        out = term if out is None else out + term
-    return out
-
-
-def _sft(attn, x, pos, mask, shared):
-    from ..attention.sampling import gather_rows, work_dtype
-
-    B, N, _ = x.shape
-    H, d = attn.heads, attn.head_dim
-    wd = work_dtype(x.dtype)
-    samp = attn.sampler(x, mask)  # eval: no noise, stratified partners
-    pe = torch.ones_like(samp.p) if attn.hard_eval else samp.p
-    pcol = pe.unsqueeze(-1)
-    xs = (pcol * gather_rows(x, samp.idx_top).to(wd) + (1 - pcol) * gather_rows(x, samp.idx_rand).to(wd)).to(x.dtype)
-    kk = xs.shape[1]
-    q = attn.w_q(x).view(B, N, H, d).transpose(1, 2).to(wd)
-    kt = attn.w_k(xs).view(B, kk, H, d).transpose(1, 2).to(wd)
-    v = attn.w_v(xs).view(B, kk, H, d).transpose(1, 2).to(wd)
-    a = maxout_by_channels(q, kt) / math.sqrt(d)
-    if attn.rpe != "none":
-        mul_t, add_t, mul_r, add_r = attn._relative_logits(samp, pos, None, x, wd)
-        w_t = pe[:, None, None, :]
-        a = a * (w_t * F.softplus(mul_t) + (1 - w_t) * F.softplus(mul_r)) + (w_t * add_t + (1 - w_t) * add_r)
-    kv = samp.key_valid[:, None, None, :]
-    num = F.relu(a).masked_fill(~kv, 0.0)
-    den = num.sum(-1, keepdim=True) + attn.eps
-    if attn.leaky:
-        if attn.leak_mode == "per_key_sum":
-            c = F.softplus(attn.w_c(xs).to(wd)).transpose(1, 2)
-            den = den + c.masked_fill(~samp.key_valid[:, None, :], 0.0).sum(-1)[..., None, None]
-        else:
-            den = den + F.softplus(attn.w_c(x).to(wd)).transpose(1, 2).unsqueeze(-1)
-    o = torch.matmul(num / den, v)
-    return attn.out_linear(o.transpose(1, 2).reshape(B, N, H * d).to(x.dtype))
-
-
-def _samsa(attn, x, pos, mask, shared):
-    from ..attention.samsa import samsa_select
-
-    B, N, _ = x.shape
-    H, d = attn.heads, attn.head_dim
-    q = attn.w_q(x).view(B, N, H, d).transpose(1, 2)
-    kv = torch.cat([attn.w_k(x).view(B, N, H, d), attn.w_v(x).view(B, N, H, d)], -1).transpose(1, 2)
-    s = attn.scores(x, mask)
-    if attn.support:
-        kv = torch.cat([kv, attn.support_kv.to(kv.dtype).expand(B, -1, -1, -1)], dim=2)
-        s = torch.cat([s, attn.support_score.to(s.dtype).expand(B, -1, -1)], dim=2)
-    kvs, _, key_valid = samsa_select(s, kv, attn.k, tau=attn.tau, mode=attn.mode, proxy=attn.proxy,
-                                     training=False, eval_soft=attn.eval_soft, kv_grad=attn.kv_grad)
-    ks, vs = kvs.split(d, dim=-1)
-    # with support vectors every selected key is real (2k finite candidates always exist)
-    attn_mask = None if attn.support else key_valid[:, :, None, :]
-    o = F.scaled_dot_product_attention(q, ks, vs, attn_mask=attn_mask)
-    return attn.out_linear(o.transpose(1, 2).reshape(B, N, H * d))
-
-
-def _serialized(attn, x, pos, mask, shared):
-    """Curve order, then patches of S slots cut by index arithmetic (static shapes in N)."""
-    B, N, _ = x.shape
-    H, d, S, off = attn.heads, attn.head_dim, attn.patch_size, attn.offset
-    dev = x.device
-    order = attn.serialize(pos, mask)  # (B, N) curve order
-    dummy = B * N  # an extra all-zero row for empty slots
-    rows = order + (torch.arange(B, device=dev) * N).view(B, 1)
-    # Each cloud's slots: `off` empty, its points in curve order, then 2·S empty. P = (N + off) // S + 2
-    # patches cover every point and are always >= 2 (the exporter then needs no size-1 special case);
-    # trailing all-empty patches are computed and dropped.
-    slots = torch.cat([torch.full((B, off), dummy, dtype=torch.int64, device=dev), rows,
-                       torch.full((B, 2 * S), dummy, dtype=torch.int64, device=dev)], 1)
-    blk = (torch.arange((N + off) // S + 2, device=dev) * S).unsqueeze(-1) + torch.arange(S, device=dev)  # (P, S)
-    P = blk.shape[0]
-    src = slots[:, blk].reshape(B * P, S)
-
-    def patches(t: torch.Tensor) -> torch.Tensor:  # (B, N, H, d) -> (B·P, H, S, d)
-        flat = torch.cat([t.reshape(B * N, H, d), t.new_zeros(1, H, d)])
-        # indexing by the 2-D src keeps its (B·P, S) shape: no view with a symbolic P that the exporter
-        # would have to prove divides the element count
-        return flat[src].transpose(1, 2)
-
-    q, k, v = (patches(w(x).view(B, N, H, d)) for w in (attn.w_q, attn.w_k, attn.w_v))
-    key_ok = (src != dummy)[:, None, None, :]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=key_ok, scale=attn.scale)  # (B·P, H, S, d)
-    # slot of point order[b, j] is b·P·S + off + j: invert the curve order
-    slot = torch.empty_like(order).scatter(1, order, (torch.arange(N, device=dev) + off).expand(B, N))
-    slot = slot + (torch.arange(B, device=dev) * (P * S)).view(B, 1)
-    o = o.transpose(1, 2).reshape(B * P * S, H * d).index_select(0, slot.reshape(B * N)).view(B, N, H * d)
-    return attn.out_linear(o)
-
-
-def _hept(attn, x, pos, mask, shared):
-    return hept_attention(attn, x, pos, mask, shared["codes"], shared["group_chunk"])
-
-
-def _lsh(attn, x, pos, mask, shared):
-    return lsh_attention(attn, x, pos, mask, shared["group_chunk"])
-
-
-def _kernel(attn, x, pos, mask, shared):
-    return kernel_attention(attn, x, pos, mask)
-
-
-_PATHS: dict[str, Callable] = {"hept": _hept, "lsh_or": _lsh, "kernel": _kernel, "full": _full,
-                               "performer": _performer, "flt": _flt, "sft": _sft, "samsa": _samsa,
-                               "serialized": _serialized}
-
-_NOT_EXPORTABLE = {
-    "knn": "its exact k-NN search loops over query chunks whose number depends on the point count "
-           "(chunk = 2^24 // N rows), which a static graph cannot express, and an unchunked search needs the "
-           "full N × N distance matrix (13 GiB at 60k points in float32)",
-    "sampled": "its eval cycle is randperm(n) drawn from a CPU torch.Generator seeded with (seed, n), a new "
-               "random permutation for every point count that no ONNX/graph op reproduces (mode='sparse' has "
-               "no export path either)",
-}
+_METADATA_VERSION = 2
+#: ``group_chunk`` for torch.export files: PyTorch runs the block attention one head at a time
+#: faster than all at once on the CPU (cache); onnxruntime does not gain and the unrolled ONNX
+#: graph grows with the chunk count, so ONNX files use all heads at once (docs/benchmarks.md).
+TORCH_EXPORT_GROUP_CHUNK = 1
 
 
 def supported_mechanisms() -> list[str]:
     """Registry keys of the mechanisms with an export path (some options may still be refused)."""
-    return sorted(_PATHS)
+    return [name for name in MECHANISMS.available() if MECHANISMS.info(name).export is None]
+
+
+def _mixers(model: nn.Module) -> list[TokenMixer]:
+    return [m for m in model.modules() if isinstance(m, TokenMixer)]
 
 
 def min_points(model: nn.Module) -> int:
     """Smallest point count the exported graph accepts (sampling mechanisms fix k at export time)."""
-    need = 2
-    for blk in getattr(model, "blocks", []):
-        m = blk.mixer
-        name = getattr(m, "registry_name", "")
-        if name == "sft":
-            need = max(need, m.k + 1)
-        elif name == "samsa" and not m.support:
-            need = max(need, 2 * m.k)
-    return need
+    return max([2] + [m.min_points() for m in _mixers(model)])
 
 
 def check_exportable(model: nn.Module) -> None:
     """Raise :class:`UnsupportedExportError` (or ValueError) if ``model`` has no export path."""
-    from ..models import PointTransformerJK
-
-    if not isinstance(model, PointTransformerJK):
-        raise ValueError(f"model: export supports PointTransformerJK models (hept-tracking, tracking-encoder), "
-                         f"got {type(model).__name__}")
-    for blk in model.blocks:
-        m = blk.mixer
-        name = getattr(m, "registry_name", type(m).__name__)
-        if name in _NOT_EXPORTABLE:
-            raise UnsupportedExportError(name, _NOT_EXPORTABLE[name])
-        if name not in _PATHS:
-            raise UnsupportedExportError(name, "no export-friendly inference path is implemented for it")
-        if name in ("performer", "flt") and m.causal:
-            raise UnsupportedExportError(name, "causal=True runs chunked prefix sums in a Python loop over "
-                                               "ceil(N / chunk_size) chunks, a trip count that depends on N; "
-                                               "only the non-causal path exports")
-        if name == "lsh_or" and m.n_and > 1:
-            raise UnsupportedExportError(name, f"n_and={m.n_and} buckets its AND hashes with torch.searchsorted, "
-                                               "which has no ONNX translation; n_and=1 (OR-only) exports")
-        if name == "sft" and m.rpe == "graph":
-            raise UnsupportedExportError(name, "rpe='graph' needs a dense (N, N, r) edge_attr input, which the "
-                                               "exported (x, coords) signature does not carry")
-    if model.attention == "hept" and not hasattr(model, "region_hash"):
-        raise ValueError("model: a HEPT model without its shared region_hash")
+    if not getattr(model, "export_inputs", None):
+        raise ValueError(f"model: export supports the point models with the (x, coords) signature (hept-tracking, "
+                         f"tracking-encoder, hept-pileup, pileup-encoder), got {type(model).__name__}")
+    reason = model.export_refusal() if hasattr(model, "export_refusal") else None
+    if reason:
+        raise ValueError(f"model: {reason}")
+    for m in _mixers(model):
+        reason = m.export_refusal()
+        if reason is not None:
+            raise UnsupportedExportError(getattr(m, "registry_name", type(m).__name__), reason)
 
 
 class ExportableModel(nn.Module):
-    """One cloud through ``model`` with export-friendly inference paths. x (N, F), coords (N, c) -> (N, out_dim).
+    """One cloud through ``model`` in export mode. x (N, F), coords (N, c) -> the model's output for that cloud.
 
-    Computes what ``model.eval()(x, coords)`` computes (same weights, same math; float rounding
-    and HEPT's sort near-ties aside). ``group_chunk``: HEPT/LSH groups (heads) per block-attention
-    chunk, a memory knob (see :mod:`.hept_inference`).
+    Computes what ``model.eval()(x, coords)`` computes (same modules, same weights; float rounding
+    and HEPT's sort near-ties aside): the model's mixers are switched to export mode (the model is
+    modified in place; :func:`export_model` works on a copy). ``group_chunk``: heads per
+    block-attention chunk of the mechanisms that have one (HEPT, ``lsh_or``), a memory knob.
     """
 
-    def __init__(self, model: nn.Module, group_chunk: int | None = DEFAULT_GROUP_CHUNK):
+    def __init__(self, model: nn.Module, group_chunk: int | None = None):
         super().__init__()
         check_exportable(model)
-        self.model = model.eval()
+        self.model = set_exportable(model.eval())
         self.group_chunk = group_chunk
-        self.mechanism = model.attention
+        for m in _mixers(model):
+            if hasattr(m, "group_chunk"):
+                m.group_chunk = group_chunk
+        self.mechanism = getattr(model, "attention", None)
 
     def forward(self, x: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
-        m = self.model
-        x, coords = x.unsqueeze(0), coords.unsqueeze(0)
-        mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-        shared: dict[str, Any] = {"group_chunk": self.group_chunk}
-        if m.attention == "hept":
-            shared["codes"] = hept_prepare(m, coords, mask)  # once per forward, for every layer
-        h = m.feat_encoder(x)
-        if m.pos_encoder is not None:  # pe="learned": the coordinate encoding added before the first block
-            h = h + m.pos_encoder(coords)
-        hs = [h]
-        for blk in m.blocks:
-            path = _PATHS[blk.mixer.registry_name]
-            h = h + path(blk.mixer, blk.norm1(h), coords, mask, shared)
-            h = h + blk.ff(blk.norm2(h))
-            hs.append(h)
-        e = m.W(torch.cat(hs, -1))
-        return (e + m.mlp_out(e))[0]
+        return self.model(x.unsqueeze(0), coords.unsqueeze(0))[0]
 
 
 # ------------------------------------------------------------------------------ loading
@@ -348,20 +153,18 @@ def load_model(source: nn.Module | str | os.PathLike | Mapping[str, Any],
                      f"{CHECKPOINT_FORMAT!r}) nor an authors' HEPT state_dict")
 
 
-def _model_config(model: nn.Module) -> dict:
-    blk = model.blocks[0].mixer if len(model.blocks) else None
-    return {"in_dim": model.in_dim, "coord_dim": model.coord_dim, "out_dim": model.W.out_features,
-            "mechanism": model.attention, "n_layers": len(model.blocks),
-            "mixer": type(blk).__name__ if blk is not None else None}
-
-
-def _metadata(model: nn.Module, dtype: torch.dtype, fmt: str, opset: int | None) -> dict:
+def _metadata(model: nn.Module, dtype: torch.dtype, fmt: str, opset: int | None, out_shape: tuple) -> dict:
+    """The file's metadata; ``out_shape``: the per-point output shape (``(out_dim,)`` or ``()``)."""
     from .. import __version__
 
+    mixers = _mixers(model)
     return {"version": _METADATA_VERSION, "pointformers": __version__, "torch": torch.__version__,
             "format": fmt, "opset": opset, "dtype": str(dtype).replace("torch.", ""), "min_points": min_points(model),
             "inputs": {"x": ["n_points", model.in_dim], "coords": ["n_points", model.coord_dim]},
-            "output": {"embedding": ["n_points", model.W.out_features]}, **_model_config(model)}
+            "output": {"embedding": ["n_points", *out_shape]}, "in_dim": model.in_dim,
+            "coord_dim": model.coord_dim, "out_dim": int(out_shape[0]) if out_shape else 1, "out_shape": list(out_shape),
+            "mechanism": getattr(model, "attention", None), "n_layers": len(mixers),
+            "mixer": type(mixers[0]).__name__ if mixers else None, "model": type(model).__name__}
 
 
 def example_inputs(model: nn.Module, n: int | None = None, dtype: torch.dtype = torch.float32, seed: int = 0):
@@ -437,18 +240,17 @@ def export_model(model_or_checkpoint: nn.Module | str | os.PathLike | Mapping[st
         format: ``"onnx"`` or ``"torch.export"``.
         dtype: ``torch.float32`` (default) or ``torch.float64`` (weights, inputs and output).
         opset: ONNX opset (default: the exporter's, 18 or newer).
-        group_chunk: HEPT/LSH heads per block-attention chunk (memory vs. speed; see
-            :mod:`.hept_inference`); None = all heads at once. ``"auto"``: None for ONNX (a graph
-            4x smaller that exports in seconds and runs as fast in onnxruntime: 3.7 s vs 3.9 s for
-            60k points, 1 thread), :data:`~.hept_inference.DEFAULT_GROUP_CHUNK` (1) for
-            torch.export (PyTorch runs one head at a time 2x faster: 5.7 s vs 10.7 s).
+        group_chunk: HEPT/LSH heads per block-attention chunk of the export path (memory vs. speed,
+            see :func:`pointformers.attention.block_attention.static_block_sums`); None = all heads
+            at once. ``"auto"``: None for ONNX (a smaller graph that onnxruntime runs as fast),
+            :data:`TORCH_EXPORT_GROUP_CHUNK` (1) for torch.export (PyTorch runs one head at a time
+            faster on the CPU); measurements in docs/benchmarks.md, "Export notes".
         optimize: run onnxscript's graph optimizer before saving (default False). Off by default:
             onnxruntime optimizes the graph itself when it loads it; the optimizer's time grows
-            faster than linearly with the graph (minutes for the 4-layer tracking model unrolled
-            per head); and with onnxscript 0.7.2 it changed the function of the authors' trained
-            HEPT checkpoint (0% of points agreeing with PyTorch even in float64, 100% without it):
-            that model's ω reaches 1.7e7, so the logits −½‖q̂ − k̂‖² are differences of terms of
-            order 1e8 and any constant folded at lower precision moves them by more than 1.
+            faster than linearly with the graph; and it can change the function of the authors'
+            trained HEPT checkpoint, whose ω reaches 1.7e7, so the logits −½‖q̂ − k̂‖² are
+            differences of terms of order 1e8 and any constant folded at lower precision moves them
+            by more than 1 (docs/benchmarks.md, "Export notes").
     Returns:
         ``path``. The file's metadata (JSON under key ``"pointformers"``) records the mechanism,
         dtype, input sizes and the minimum point count.
@@ -459,7 +261,7 @@ def export_model(model_or_checkpoint: nn.Module | str | os.PathLike | Mapping[st
     if format not in EXPORT_FORMATS:
         raise ValueError(f"format must be one of {EXPORT_FORMATS}, got {format!r}")
     if group_chunk == "auto":
-        group_chunk = None if format == "onnx" else DEFAULT_GROUP_CHUNK
+        group_chunk = None if format == "onnx" else TORCH_EXPORT_GROUP_CHUNK
     if group_chunk is not None and (not isinstance(group_chunk, int) or group_chunk < 1):
         raise ValueError(f"group_chunk must be a positive int, None or 'auto', got {group_chunk!r}")
     if isinstance(dtype, str):
@@ -476,7 +278,9 @@ def export_model(model_or_checkpoint: nn.Module | str | os.PathLike | Mapping[st
     inputs = example_inputs(model, dtype=dtype)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {**_metadata(model, dtype, format, opset), "group_chunk": group_chunk}
+    with torch.no_grad():
+        out_shape = tuple(wrapper(*inputs).shape[1:])
+    meta = {**_metadata(model, dtype, format, opset, out_shape), "group_chunk": group_chunk}
     program = export_program(wrapper, inputs)
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # keeps the suffix torch.export.save expects
     try:

@@ -79,6 +79,8 @@ class ExportedInference:
         self.in_dim = int(meta["in_dim"])
         self.coord_dim = int(meta["coord_dim"])
         self.out_dim = int(meta["out_dim"])
+        # per-point output shape: (out_dim,) embeddings, () for one logit per point (pile-up)
+        self.out_shape = tuple(meta.get("out_shape", [self.out_dim]))
         self.min_points = int(meta.get("min_points", 1))
         self.np_dtype = np.dtype(meta.get("dtype", "float32"))
         self.mechanism = meta.get("mechanism")
@@ -125,7 +127,7 @@ class ExportedInference:
                 if not mn.any(1).all():
                     raise ValueError(f"mask marks cloud(s) {np.flatnonzero(~mn.any(1)).tolist()} as empty; "
                                      "every cloud needs at least one real point")
-            out = np.zeros((B, N, self.out_dim), dtype=self.np_dtype)
+            out = np.zeros((B, N, *self.out_shape), dtype=self.np_dtype)
             for b in range(B):
                 out[b, mn[b]] = self._cloud(xn[b, mn[b]], cn[b, mn[b]], f"[{b}]")
         if as_torch:

@@ -55,7 +55,7 @@ def convert_reference_state_dict(ref: "OrderedDict[str, torch.Tensor]", n_layers
         raise ValueError(f"not a HEPT tracking checkpoint with {n_layers} layers: missing keys {missing[:8]}"
                          f"{' (mlp_out.*)' if not mlp_keys else ''}, unexpected keys {unexpected[:8]}")
     out: "OrderedDict[str, torch.Tensor]" = OrderedDict()
-    out["region_hash.regions"] = ref["regions"]
+    out["shared.regions"] = ref["regions"]
     for k in ("feat_encoder.0.weight", "feat_encoder.0.bias", "feat_encoder.2.weight", "feat_encoder.2.bias",
               "W.weight"):
         out[k] = ref[k]

@@ -16,12 +16,10 @@ the same skeleton.
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import nn
 
-from ..attention import registry as attention_registry
+from ..attention import is_tracing
 from .point_encoder import PointTransformerJK
 from .registry import register_model
 
@@ -51,6 +49,9 @@ class PileupClassifier(nn.Module):
     per-layer ``w_rpe`` Linear(30, 192) (5,952 each), of which only ω (here ``log_omega``) is used.
     """
 
+    #: The exported graph's inputs (see :mod:`pointformers.export`): one event's x (N, F) and coords (N, c).
+    export_inputs = ("x", "coords")
+
     def __init__(self, in_dim: int = 8, coord_dim: int = 4, num_pid: int = 7, pid_dim: int = 10, dim: int = 24,
                  heads: int = 8, head_dim: int | None = 24, n_layers: int = 4, out_dim: int = 12,
                  mlp_hidden: int = 256, mlp_layers: int = 5, dropout: float = 0.1, attention: str = "hept",
@@ -69,6 +70,10 @@ class PileupClassifier(nn.Module):
             attention_options=attention_options, pe=pe)
         self.out_proj = nn.Linear(out_dim, 1)
 
+    def export_refusal(self) -> str | None:
+        """Why this model cannot be exported as built, or None (its encoder's reason)."""
+        return self.encoder.export_refusal()
+
     def forward(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3) or x.shape[-1] != self.in_dim:
             raise ValueError(f"x: expected (B, N, {self.in_dim}) or (N, {self.in_dim}) features with the PID "
@@ -85,10 +90,12 @@ class PileupClassifier(nn.Module):
             raise ValueError(f"mask: expected a bool tensor of shape {tuple(x.shape[:2])}, got "
                              f"{getattr(real, 'dtype', type(real).__name__)} {tuple(getattr(real, 'shape', ()))}")
         pid = x[..., -1]
-        pid_real = pid[real]
-        if not bool(torch.isfinite(pid_real).all()) or bool((pid_real != pid_real.round()).any()) or (
-                pid_real.numel() and (float(pid_real.min()) < 0 or float(pid_real.max()) > self.num_pid - 1)):
-            raise ValueError(f"x: the last column must hold integer PID categories 0..{self.num_pid - 1} at real points")
+        if not is_tracing():  # eager-only: a boolean gather and host syncs cannot be traced
+            pid_real = pid[real]
+            if not bool(torch.isfinite(pid_real).all()) or bool((pid_real != pid_real.round()).any()) or (
+                    pid_real.numel() and (float(pid_real.min()) < 0 or float(pid_real.max()) > self.num_pid - 1)):
+                raise ValueError(f"x: the last column must hold integer PID categories 0..{self.num_pid - 1} "
+                                 "at real points")
         pid = torch.where(real, pid, torch.zeros_like(pid)).long()
         feats = torch.cat([x[..., :-1], self.pid_embedding(pid).to(x.dtype)], dim=-1)
         emb = self.encoder(feats, coords, mask)
@@ -106,21 +113,10 @@ def pileup_encoder(attention: str = "hept", **options) -> PileupClassifier:
     """The pile-up model around any attention mechanism (``attention`` = a registry key).
 
     Mechanisms that take ``head_dim`` get 24 per head and those that take ``coord_dim`` get the
-    model's coordinate count, unless ``attention_options`` sets them.
+    model's coordinate count, unless ``attention_options`` sets them (the options a mechanism's
+    registry entry lists as ``model_options``; :class:`PointTransformerJK` fills them).
     """
-    cfg = {**PILEUP_DEFAULTS, "attention": attention, **options}
-    if attention not in ("hept", "kernel", "full"):  # PointTransformerJK fills these three itself
-        if attention not in attention_registry.available():
-            raise ValueError(f"attention: unknown mechanism {attention!r}; available: "
-                             f"{', '.join(attention_registry.available())}")
-        params = inspect.signature(attention_registry._REGISTRY[attention]).parameters
-        opts = dict(cfg.get("attention_options") or {})
-        if "head_dim" in params:
-            opts.setdefault("head_dim", cfg["head_dim"])
-        if "coord_dim" in params:
-            opts.setdefault("coord_dim", cfg["coord_dim"])
-        cfg["attention_options"] = opts
-    return PileupClassifier(**cfg)
+    return PileupClassifier(**{**PILEUP_DEFAULTS, "attention": attention, **options})
 
 
 __all__ = ["PILEUP_DEFAULTS", "PileupClassifier", "hept_pileup", "pileup_encoder"]

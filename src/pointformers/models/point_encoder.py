@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import HEPTContext, HEPTRegions, build as build_attention, check_attention_inputs
-from ..attention.hept_regions import duplicate_padding
+from ..attention import ForwardContext, build as build_attention, check_attention_inputs, entry as attention_entry
+from ..attention import model_options
 from ..nn import MLP, PreLNBlock
 
 
@@ -25,7 +25,8 @@ class PointTransformerJK(nn.Module):
         dim: width D; heads, head_dim: attention heads and per-head width.
         n_layers: blocks; out_dim: embedding size; dropout: residual/head dropout.
         attention: registry key of the token mixer; attention_options: its extra options.
-        block_size, n_hashes, num_regions: HEPT options (used when ``attention == "hept"``).
+        block_size, n_hashes, num_regions: HEPT options, passed to mechanisms that declare them
+            among their registry ``model_options`` (HEPT).
         pe: "none" (HEPT: coordinates enter through its kernel) or "learned": the absolute
             positional encoding HEPT's transformer baselines use (authors' ``pe_type: learned``,
             spec §5): Linear(c, D) → LayerNorm → ReLU → Linear(D, D) of the coordinates, added to
@@ -34,13 +35,16 @@ class PointTransformerJK(nn.Module):
             this project's contract): padded rows take no part in attention, so a cloud's output
             does not depend on its batch or on the tensor width. ``"duplicate"``: the authors'
             code — the cloud is padded with copies of its own points (chosen as theirs, see
-            :func:`~pointformers.attention.hept_regions.duplicate_padding`) that attend and are
+            :meth:`~pointformers.attention.HEPTRegions.duplicate_layout`) that attend and are
             attended to like any point, and sorts use PyTorch's default ``torch.argsort`` as
             theirs; the copies' outputs are dropped. Models loaded with
             :func:`~pointformers.models.from_reference_checkpoint` use it, so that their output at
             any point count equals the authors' for each cloud (batched clouds too).
     Shapes: forward(x (B, N, F), coords (B, N, c), mask (B, N) | None) -> (B, N, out_dim).
     """
+
+    #: The exported graph's inputs (see :mod:`pointformers.export`): one cloud's x (N, F) and coords (N, c).
+    export_inputs = ("x", "coords")
 
     def __init__(self, in_dim: int, coord_dim: int, dim: int = 24, heads: int = 8, head_dim: int | None = 24,
                  n_layers: int = 4, out_dim: int = 12, mlp_hidden: int = 256, mlp_layers: int = 5,
@@ -52,21 +56,19 @@ class PointTransformerJK(nn.Module):
             raise ValueError(f"pe: expected 'none' or 'learned', got {pe!r}")
         if padding not in ("mask", "duplicate"):
             raise ValueError(f"padding: expected 'mask' or 'duplicate', got {padding!r}")
-        if padding == "duplicate" and attention != "hept":
-            raise ValueError(f"padding='duplicate' is the authors' HEPT padding: it needs attention='hept', "
-                             f"got attention={attention!r}")
+        spec = attention_entry(attention).info  # ValueError listing the mechanisms if unknown
         self.padding = padding
         self.in_dim, self.coord_dim, self.dim = in_dim, coord_dim, dim
         self.attention = attention
-        opts = dict(attention_options or {})
-        if attention == "hept":
-            self.region_hash = HEPTRegions(num_regions, n_hashes, heads, block_size)
-            opts.update(block_size=block_size, n_hashes=n_hashes, num_regions=num_regions, own_regions=False,
-                        head_dim=head_dim, coord_dim=coord_dim)
-        elif attention == "kernel":
-            opts.update(head_dim=head_dim, coord_dim=coord_dim)
-        elif attention == "full":
-            opts.setdefault("head_dim", head_dim)
+        opts = model_options(attention, attention_options, head_dim=head_dim, coord_dim=coord_dim,
+                             block_size=block_size, n_hashes=n_hashes, num_regions=num_regions)
+        # work the layers share across forward passes (HEPT's region counts): owned here once
+        self.shared = spec.shared(dim=dim, heads=heads, **opts) if spec.shared is not None else None
+        if self.shared is not None:
+            opts["shared"] = self.shared
+        if padding == "duplicate" and not hasattr(self.shared, "duplicate_layout"):
+            raise ValueError(f"padding='duplicate' is the authors' HEPT padding: it needs attention='hept', "
+                             f"got attention={attention!r}")
         self.feat_encoder = nn.Sequential(nn.Linear(in_dim, dim), nn.ReLU(), nn.Linear(dim, dim))
         self.pos_encoder = (nn.Sequential(nn.Linear(coord_dim, dim), nn.LayerNorm(dim), nn.ReLU(), nn.Linear(dim, dim))
                             if pe == "learned" else None)
@@ -76,6 +78,13 @@ class PointTransformerJK(nn.Module):
         self.W = nn.Linear(dim * (n_layers + 1), out_dim, bias=False)
         self.mlp_out = MLP([out_dim] + [mlp_hidden] * (mlp_layers - 1) + [out_dim])
         self.dropout = nn.Dropout(dropout)
+
+    def export_refusal(self) -> str | None:
+        """Why this model cannot be exported as built, or None."""
+        if self.padding == "duplicate":
+            return ("padding='duplicate' reproduces the authors' padding through PyTorch's unstable sort order, "
+                    "which no exported graph reproduces; load with padding='mask' (export's load_model does)")
+        return None
 
     def forward(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if x.dim() == 2:  # a single cloud (N, F)
@@ -92,38 +101,31 @@ class PointTransformerJK(nn.Module):
                                       requires_pos=True, who=type(self).__name__)
         if self.padding == "duplicate":
             return self._forward_duplicated(x, coords, mask)
-        ctx = self.region_hash(coords, mask) if self.attention == "hept" else None
-        return self._trunk(x, coords, mask, ctx)
+        return self._trunk(x, coords, mask, ForwardContext(coords, mask))
 
-    def _trunk(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor,
-               ctx: HEPTContext | None) -> torch.Tensor:
-        """Encoder, blocks and head on checked inputs; ``ctx``: HEPT's shared context (or None)."""
-        kw = {"context": ctx} if ctx is not None else {}
+    def _trunk(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor, context: ForwardContext) -> torch.Tensor:
+        """Encoder, blocks and head on checked inputs; ``context`` carries what the layers share."""
         h = self.feat_encoder(x)
         if self.pos_encoder is not None:
             h = h + self.pos_encoder(coords)
         h = h * mask.unsqueeze(-1)
         hs = [h]
         for block in self.blocks:
-            h = block(h, coords, mask, **kw)
+            h = block(h, coords, mask, context=context)
             hs.append(h)
         e = self.W(torch.cat(hs, -1))
         return (e + self.dropout(self.mlp_out(e))) * mask.unsqueeze(-1)
 
     def _forward_duplicated(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``padding="duplicate"``: region codes from each cloud's real points, the cloud padded with
-        copies of its points (their codes copied too), the trunk on the padded rows, the copies'
-        outputs dropped. (B, N, F), (B, N, c), (B, N) -> (B, N, out_dim)."""
-        rh = self.region_hash
-        codes = rh.codes(coords, mask, authors_sort=True)  # (B, T, H, N) from the real points only
-        rows, lengths = duplicate_padding(codes, mask, rh.block_size)  # (B, P)
+        """``padding="duplicate"``: each cloud padded with copies of its points as the authors' code
+        (:meth:`HEPTRegions.duplicate_layout`), the trunk on the padded rows, the copies' outputs
+        dropped. (B, N, F), (B, N, c), (B, N) -> (B, N, out_dim)."""
+        rows, pmask, prepared = self.shared.duplicate_layout(coords, mask)  # rows (B, P) source row per padded row
         B, P = rows.shape
-        T, H = codes.shape[1:3]
         pick = lambda t: t.gather(1, rows[..., None].expand(-1, -1, t.shape[-1]))  # noqa: E731
-        pmask = torch.arange(P, device=x.device)[None, :] < lengths[:, None]
-        ctx = HEPTContext(mask=pmask, codes=codes.gather(3, rows[:, None, None, :].expand(-1, T, H, -1)),
-                          n_points=P, block_size=rh.block_size, authors_sort=True, lengths=lengths)
-        y = self._trunk(pick(x), pick(coords), pmask, ctx)
+        context = ForwardContext(pick(coords), pmask)
+        context.put(self.shared, prepared)  # the layers' prepared state, keyed by the shared module
+        y = self._trunk(pick(x), pick(coords), pmask, context)
         # the first n rows of cloud b are its real points in index order: put them back in place
         own = torch.arange(P, device=x.device)[None, :] < mask.sum(-1, keepdim=True)
         cloud = torch.arange(B, device=x.device)[:, None].expand(B, P)

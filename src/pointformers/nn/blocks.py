@@ -17,10 +17,11 @@ class PreLNBlock(nn.Module):
 
     Args:
         dim: width D.
-        mixer: a token mixer ``mixer(x, pos, mask, **kw)`` (see :mod:`pointformers.attention`).
+        mixer: a token mixer ``mixer(x, pos, mask, context=None)`` (see :mod:`pointformers.attention`).
         ffn_hidden: FFN hidden width (HEPT: D, no 4× expansion).
         dropout: residual dropout (HEPT: 0.1).
     Shapes: x (B, N, D), pos (B, N, P), mask (B, N) -> (B, N, D); padded rows stay zero.
+    ``context``: the forward pass's :class:`~pointformers.attention.ForwardContext`, handed to the mixer.
     """
 
     def __init__(self, dim: int, mixer: nn.Module, ffn_hidden: int | None = None, dropout: float = 0.1):
@@ -31,8 +32,8 @@ class PreLNBlock(nn.Module):
         self.ff = FeedForward(dim, ffn_hidden or dim)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor | None, mask: torch.Tensor, **mixer_kwargs) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None, mask: torch.Tensor, context=None) -> torch.Tensor:
         keep = mask.unsqueeze(-1)
-        x = x + self.dropout(self.mixer(self.norm1(x), pos, mask, **mixer_kwargs))
+        x = x + self.dropout(self.mixer(self.norm1(x), pos, mask, context=context))
         x = x + self.dropout(self.ff(self.norm2(x)))
         return x * keep

@@ -16,11 +16,12 @@ class TransformerBlock(nn.Module):
 
     Args:
         dim: width D.
-        mixer: a token mixer ``mixer(x, pos, mask, **kw)`` (see :mod:`pointformers.attention`).
+        mixer: a token mixer ``mixer(x, pos, mask, context=None)`` (see :mod:`pointformers.attention`).
         norm_position: ``"pre"`` or ``"post"``.
         ffn_mult: FFN expansion (D → ffn_mult·D → D, GeLU); ffn_hidden: an explicit hidden width instead.
         dropout: residual ("token embedding") dropout; ffn_dropout: after the FFN expansion.
     Shapes: x (B, N, D), pos (B, N, P) or None, mask (B, N) bool -> (B, N, D); padded rows zero.
+    ``context``: the forward pass's :class:`~pointformers.attention.ForwardContext`, handed to the mixer.
     """
 
     def __init__(self, dim: int, mixer: nn.Module, norm_position: str = "pre", ffn_mult: int = 4,
@@ -36,13 +37,13 @@ class TransformerBlock(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(ffn_dropout), nn.Linear(hidden, dim))
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor | None, mask: torch.Tensor, **mixer_kwargs) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None, mask: torch.Tensor, context=None) -> torch.Tensor:
         keep = mask.unsqueeze(-1)
         x = x.masked_fill(~keep, 0.0)
         if self.norm_position == "pre":
-            x = x + self.dropout(self.mixer(self.norm1(x), pos, mask, **mixer_kwargs))
+            x = x + self.dropout(self.mixer(self.norm1(x), pos, mask, context=context))
             x = x + self.dropout(self.ffn(self.norm2(x)))
         else:
-            x = self.norm1(x + self.dropout(self.mixer(x, pos, mask, **mixer_kwargs)))
+            x = self.norm1(x + self.dropout(self.mixer(x, pos, mask, context=context)))
             x = self.norm2(x + self.dropout(self.ffn(x)))
         return x.masked_fill(~keep, 0.0)
