@@ -727,7 +727,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.threads < 1:
                 raise ValueError(f"--threads: must be >= 1, got {args.threads}")
             # Small clouds gain little from a second thread, while OpenMP threads that
-            # spin-wait on a core another process holds can slow a step 5-50x.
+            # spin-wait on a core another process holds slow a step down many times
+            # (docs/benchmarks.md, "Notes from measurements").
             torch.set_num_threads(args.threads)
         return int(args.func(args) or 0)
     except ValueError as exc:  # config and input errors: one line, no traceback

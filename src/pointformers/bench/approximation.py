@@ -1,4 +1,4 @@
-"""The error–complexity study of HEPT's Sec. 3 / App. D (specs/hept.md §6), measured.
+"""The error–complexity study of HEPT's Sec. 3 / App. D, measured.
 
 The paper proves, for n points with local structure and a kernel of small support s:
 RFF's error is ε = Θ(n·d/F) (Thm 3.3); OR-only E2LSH stays at ε = Θ̃(1/n) unless
@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .flops import block_core, dense_core, e2lsh_hash, favor_core, rff_trig_core
-from .harness import write_section
+from .harness import front, write_section
 
 F64 = torch.float64
 #: Lower clamp of the block kernel's logits (see :mod:`pointformers.attention.block_attention`).
@@ -154,15 +154,11 @@ def tracking_cloud(n: int, feature_dim: int = 8, feature_scale: float = 0.3, ome
                    value_dim: int = 8, seed: int = 0) -> Cloud:
     """n hits sampled from a generated tracking event; HEPT's 6 kernel coordinates with ω = 10 and a
     random-projection feature part (q̃ ≠ k̃)."""
-    from ..data.tracking import generate_event, preset_params
+    from ..data.tracking import event_with_hits
     from ..tasks.tracking import tracking_inputs
 
-    mu = max(5.0, 200.0 * n / 50000)
-    ev = generate_event(preset_params("tracking-60k", mu=mu), seed=seed)
-    while ev.num_hits < n:
-        mu *= 1.3
-        ev = generate_event(preset_params("tracking-60k", mu=mu), seed=seed)
-    inp = tracking_inputs(ev, dtype=F64)
+    event, mu = event_with_hits(n, seed)
+    inp = tracking_inputs(event, dtype=F64)
     g = torch.Generator().manual_seed(seed)
     pick = torch.randperm(inp.x.shape[0], generator=g)[:n]
     feats, coords = inp.x[pick], inp.coords[pick]
@@ -408,18 +404,6 @@ def region_sensitivity(cloud: Cloud, exact: Exact, seeds: list[int], block_size:
     G = exact.regions()
     return [measure("or_and", cloud, exact, {"b": block_size, "tables": tables, "G": round(G * f, 1)}, seeds)
             for f in (0.25, 0.5, 1.0, 2.0, 4.0) if cloud.n % block_size == 0]
-
-
-def front(results: list[dict], method: str, metric: str) -> list[dict]:
-    """Pareto front: configurations sorted by FLOPs whose error beats every cheaper one."""
-    pts = sorted((r for r in results if r["method"] == method and math.isfinite(r[metric])),
-                 key=lambda r: (r["flops"], r[metric]))
-    best, keep = math.inf, []
-    for r in pts:
-        if r[metric] < best:
-            keep.append(r)
-            best = r[metric]
-    return keep
 
 
 def best_within(results: list[dict], method: str, metric: str, budget: float) -> dict | None:

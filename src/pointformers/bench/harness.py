@@ -13,6 +13,7 @@ in the same run on the same machine.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import resource
@@ -160,6 +161,19 @@ def run_isolated(module: str, args: list[str], timeout: float, tag: dict) -> dic
         return {**tag, "error": f"timeout after {timeout:.0f} s"}
     except subprocess.CalledProcessError as e:
         return {**tag, "error": " ".join((e.stderr or "").strip().splitlines()[-1:])[:200]}
+
+
+def front(results: list[dict], method: str, metric: str) -> list[dict]:
+    """Pareto front of result rows (``{"method", "flops", metric, ...}``): the rows of ``method``
+    sorted by FLOPs whose ``metric`` (an error) beats every cheaper row's."""
+    pts = sorted((r for r in results if r["method"] == method and math.isfinite(r[metric])),
+                 key=lambda r: (r["flops"], r[metric]))
+    best, keep = math.inf, []
+    for r in pts:
+        if r[metric] < best:
+            keep.append(r)
+            best = r[metric]
+    return keep
 
 
 def machine() -> str:

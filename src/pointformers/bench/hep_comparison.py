@@ -76,7 +76,7 @@ def _sync(device: torch.device) -> None:
 
 
 def _load(path: str, overrides: Sequence[str]) -> dict[str, Any]:
-    from ..cli import load_config
+    from ..engine.config import load_config
 
     return load_config(path, list(overrides))
 

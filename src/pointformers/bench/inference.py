@@ -58,7 +58,7 @@ def _agreement(out: torch.Tensor, ref: torch.Tensor, tol: float = 1e-3) -> float
 def worker(runtime: str, threads: int, sizes: list[int], repeats: int, checkpoint: str | None,
            onnx_path: str | None) -> list[dict]:
     """Measure ``runtime`` with ``threads`` threads at every size in this process (see module docstring)."""
-    from .speed import make_inputs
+    from ..tasks.tracking.core import generated_inputs
 
     torch.set_num_threads(threads)
     model = build_model(checkpoint)
@@ -79,8 +79,7 @@ def worker(runtime: str, threads: int, sizes: list[int], repeats: int, checkpoin
         raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
     results = []
     for n in sorted(sizes):
-        x, coords = make_inputs(n)
-        x, coords = x[0], coords[0]
+        x, coords = generated_inputs(n)
         extra = {}
         if runtime == "compile" and first_call is None:  # compile once (dynamic shapes) on the first size
             t0 = time.perf_counter()

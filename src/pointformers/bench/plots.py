@@ -32,7 +32,7 @@ def _save(fig, folder: str, name: str) -> str:
 
 def plot_approximation(st: dict, folder: str, trig_variance) -> str:
     """Three log-log panels of error vs FLOPs per head for one study (see :mod:`.approximation`)."""
-    from .approximation import front
+    from .harness import front
 
     cloud, exact, results, eps0 = st["cloud"], st["exact"], st["results"], st["eps0"]
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.2))
@@ -76,7 +76,7 @@ def plot_approximation(st: dict, folder: str, trig_variance) -> str:
 
 def plot_scaling(studies: list[dict], folder: str) -> str:
     """ε/ε₀ of the kernel (Pareto fronts) vs F/(n·(d+c)) for the LSH variants at each n."""
-    from .approximation import front
+    from .harness import front
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
     styles = ["--", "-"]

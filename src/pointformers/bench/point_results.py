@@ -29,7 +29,7 @@ sampled model's grows about linearly (≤ 2.5).
 
 Usage::
 
-    python -m pointformers.bench.point_results --write docs/results.md            # the full set (~25 min, 2 cores)
+    python -m pointformers.bench.point_results --write docs/results.md            # the full set (run time: docs/benchmarks.md, "Notes from measurements")
     python -m pointformers.bench.point_results --seeds 42 --memory-sizes 1024 2048  # a quicker look
 """
 from __future__ import annotations

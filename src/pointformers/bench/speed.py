@@ -26,20 +26,6 @@ from .harness import machine, measure, run_isolated, write_section
 QUADRATIC_MAX_N = 20000
 
 
-def make_inputs(n: int, seed: int = 0):
-    """x (1, n, 15), coords (1, n, 6) from a generated event with enough hits."""
-    from ..data.tracking import generate_event, preset_params
-    from ..tasks.tracking import tracking_inputs
-
-    mu = max(5.0, 200.0 * n / 50000)
-    ev = generate_event(preset_params("tracking-60k", mu=mu), seed=seed)
-    while ev.num_hits < n:
-        mu *= 1.3
-        ev = generate_event(preset_params("tracking-60k", mu=mu), seed=seed)
-    inp = tracking_inputs(ev)
-    return inp.x[None, :n], inp.coords[None, :n]
-
-
 def build_model(mechanism: str):
     from ..models import build
     from .materialized_hept import MaterializedHEPTAttention
@@ -55,7 +41,10 @@ def build_model(mechanism: str):
 
 def worker(mechanism: str, n: int, mode: str, repeats: int) -> dict:
     """One measurement in this process: median seconds and peak MB of forward or forward+backward."""
-    step = model_step(build_model(mechanism), *make_inputs(n), mode)
+    from ..tasks.tracking.core import generated_inputs
+
+    x, coords = generated_inputs(n)
+    step = model_step(build_model(mechanism), x[None], coords[None], mode)
     return {"mechanism": mechanism, "n": n, "mode": mode, **measure(step, repeats)}
 
 

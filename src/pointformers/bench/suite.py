@@ -31,7 +31,7 @@ likewise ``hept`` (:mod:`.speed`), ``approximation``, ``peak``. Flags of the sui
 
 Run time is bounded: every measurement has a time limit, sizes whose time predicted from the
 previous size exceeds it are skipped (reported as such), and the mechanisms part has a total
-budget. On 2 CPU cores the full suite takes about 25 minutes, ``--quick`` about 5.
+budget (its run time on 2 CPU cores: docs/benchmarks.md, "Notes from measurements").
 """
 from __future__ import annotations
 
@@ -105,10 +105,11 @@ def write_intro(path: str, text: str) -> None:
 def model_worker(n: int, mode: str, repeats: int, device: str) -> dict:
     """The HEPT tracking model of :mod:`.speed` on ``device``: median seconds and peak MB."""
     from .mechanisms import measure_cuda
-    from .speed import build_model, make_inputs, model_step
+    from ..tasks.tracking.core import generated_inputs
+    from .speed import build_model, model_step
 
     dev = torch.device(device)
-    x, coords = (t.to(dev) for t in make_inputs(n))
+    x, coords = (t[None].to(dev) for t in generated_inputs(n))
     step = model_step(build_model("hept").to(dev), x, coords, mode)
     step()  # warm-up
     if dev.type == "cuda":

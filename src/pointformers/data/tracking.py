@@ -1195,6 +1195,21 @@ def generate_event(params: TrackingParams | str | Mapping[str, Any], seed: int, 
     return simulate_event(sample_particles(params, rng), params, rng, event_id=event_id)
 
 
+def event_with_hits(n: int, seed: int = 0, preset: str = "tracking-60k") -> tuple[TrackingEvent, float]:
+    """A generated ``preset`` event with at least ``n`` hits (benchmark inputs of a chosen size)
+    and the pile-up μ it was generated with.
+
+    The pile-up starts at μ = max(5, 200·n/50000) (μ = 200 gives about 50k hits) and grows by
+    30 % until the event is large enough; deterministic in (n, seed, preset).
+    """
+    mu = max(5.0, 200.0 * n / 50000)
+    ev = generate_event(preset_params(preset, mu=mu), seed=seed)
+    while ev.num_hits < n:
+        mu *= 1.3
+        ev = generate_event(preset_params(preset, mu=mu), seed=seed)
+    return ev, mu
+
+
 # ============================================================================ sectors
 def sector_slope(n_sectors: int, ds: float = SECTOR_DS, di: float = SECTOR_DI, slope: str = "auto",
                  names: tuple[str, str, str, str] = ("n_sectors", "ds", "di", "slope")) -> float:
@@ -1405,7 +1420,7 @@ def load_tracking_dataset(
 __all__ = [
     "CLUSTER_FEATURES", "DETECTORS_FILE", "GENERATOR_VERSION", "GEOMETRY", "PRESETS", "SPLITS", "ModuleHits", "Particles",
     "PixelGeometry", "TrackingParams", "cell_summary", "cluster_features", "cluster_features_from_cells",
-    "detector_surfaces", "digitise", "empty_event", "field_ratio", "generate_clouds", "generate_event",
+    "detector_surfaces", "digitise", "empty_event", "event_with_hits", "field_ratio", "generate_clouds", "generate_event",
     "load_tracking_dataset", "module_hits", "module_table", "preset_params", "resolve_params", "sample_particles",
     "simulate_event", "split_ranges", "split_sectors", "transport",
     "SECTOR_DI", "SECTOR_DS", "SECTOR_SLOPES", "sector_slope", "sector_wedges",

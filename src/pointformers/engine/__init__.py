@@ -12,11 +12,11 @@ from .checkpoint import (
 from .distributed import DistEnv, init_distributed, shutdown_distributed
 from .logs import read_metrics_csv, write_metrics_csv
 from .schedules import build_optimizer, build_step_lr
-from .trainer import PRECISIONS, Task, TrainConfig, TrainResult, fit, progress_enabled, sample_generator
+from .trainer import PRECISIONS, Task, TrainConfig, TrainResult, Trainer, fit, progress_enabled, sample_generator
 
 __all__ = [
     "CHECKPOINT_FORMAT", "CheckpointError", "atomic_write", "load_checkpoint", "model_from_checkpoint",
     "remove_stale_temporaries", "save_checkpoint", "write_json", "DistEnv", "init_distributed",
     "shutdown_distributed", "read_metrics_csv", "write_metrics_csv", "build_optimizer", "build_step_lr",
-    "PRECISIONS", "Task", "TrainConfig", "TrainResult", "fit", "progress_enabled", "sample_generator",
+    "PRECISIONS", "Task", "TrainConfig", "TrainResult", "Trainer", "fit", "progress_enabled", "sample_generator",
 ]

@@ -1,4 +1,4 @@
-"""Optimiser and learning-rate schedule of the HEPT paper (App. C.2, spec ``hept.md`` §3.3)."""
+"""Optimiser and learning-rate schedule of the HEPT paper (App. C.2, and the authors' configs)."""
 from __future__ import annotations
 
 import math

@@ -63,7 +63,7 @@ from .logs import EpochProgress, TensorBoardLog, write_metrics_csv
 from .rng_state import capture_rng_state, restore_rng_state
 from .schedules import build_optimizer, build_step_lr
 
-__all__ = ["Task", "TrainConfig", "TrainResult", "fit", "progress_enabled", "sample_generator", "PRECISIONS"]
+__all__ = ["Task", "TrainConfig", "TrainResult", "Trainer", "fit", "progress_enabled", "sample_generator", "PRECISIONS"]
 
 #: Values of ``train.precision``.
 PRECISIONS = ("fp32", "bf16")
@@ -81,7 +81,7 @@ class Task(Protocol):
 
 @dataclass
 class TrainConfig:
-    """Training options (defaults: the HEPT paper's tracking settings, spec §3.3).
+    """Training options (defaults: the HEPT paper's tracking settings, App. C.2).
 
     Attributes:
         epochs: passes over the training samples (paper: up to 2000).
@@ -214,6 +214,283 @@ def _better(value: float, best: float, mode: str) -> bool:
 _RUN_FILES = ("best.pt", "last.pt", "metrics.json", "metrics.csv")
 
 
+class Trainer:
+    """One training run of :func:`fit`, phase by phase.
+
+    :meth:`run` calls, in order: :meth:`setup` (checks, run folder, seeds, optimiser and
+    schedule), :meth:`resume_from_last` (``resume=True``), :meth:`wrap_model` (DDP and/or
+    ``torch.compile``), then per epoch :meth:`train_epoch` (one :meth:`train_step` per global
+    batch), :meth:`validate` and :meth:`end_epoch` (best/last checkpoints, logs), and
+    :meth:`finish` (best weights back on every rank, test metrics); :meth:`close` always runs
+    last. The arguments are those of :func:`fit`.
+    """
+
+    def __init__(self, model: nn.Module, task: Task, train: Sequence[Any], val: Sequence[Any], config: TrainConfig,
+                 run_dir: str | os.PathLike, model_name: str, model_config: Mapping[str, Any],
+                 test: Sequence[Any] | None = None, resume: bool = False, extra: Mapping[str, Any] | None = None,
+                 log: Callable[[str], None] | None = print, dist: DistEnv | None = None):
+        self.model, self.task, self.config = model, task, config
+        self.train, self.val, self.test = train, val, test
+        self.run_dir = Path(run_dir)
+        self.model_name, self.model_config = model_name, dict(model_config)
+        self.resume, self.extra, self.log, self.dist = resume, extra, log, dist
+        self.last_path, self.best_path = self.run_dir / "last.pt", self.run_dir / "best.pt"
+        self.history: list[dict[str, Any]] = []
+        self.best_metric, self.best_epoch, self.start_epoch = float("nan"), 0, 1
+        self.test_metrics: dict[str, float] | None = None
+        # The module the steps run through (DDP and/or compiled) and the one validation uses.
+        self.train_model: nn.Module = model
+        self.eval_model: nn.Module = model
+        self.ddp = None
+        self.tb: TensorBoardLog | None = None
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        """Check the inputs, create the run folder, seed every generator, build the optimiser."""
+        config, train = self.config, self.train
+        config.validate()
+        if len(train) == 0:
+            raise ValueError("train: no training samples")
+        if len(self.val) == 0:
+            raise ValueError("val: no validation samples (the best checkpoint is chosen on them)")
+        self.env = env = self.dist if self.dist is not None else DistEnv(device=resolve_device(config.device))
+        if env.distributed and env.world_size > len(train):
+            raise ValueError(f"train: {len(train)} samples cannot feed {env.world_size} processes")
+        self.main = env.is_main
+        self.say = (self.log or (lambda s: None)) if self.main else (lambda s: None)
+        self.show_progress = self.main and progress_enabled(config.progress)
+        if self.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(self.run_dir, _RUN_FILES)  # left by a process killed mid-write
+
+        self.device = env.device
+        self.model.to(self.device)
+        # Every global generator a task might use starts from the seed (per rank), so a run is a
+        # function of its config and a resumed run can restore all of them.
+        torch.manual_seed(config.seed + env.rank)
+        np.random.seed(config.seed + env.rank)
+        random.seed(config.seed + env.rank)
+        self.gen = torch.Generator().manual_seed(config.seed)
+        self.optimizer = build_optimizer(self.model.parameters(), config.lr, config.weight_decay)
+        self.scheduler = build_step_lr(self.optimizer, config.step_size, config.gamma)
+        self.meta = {"config": asdict(config), "model_name": self.model_name, "model_config": self.model_config,
+                     "world_size": env.world_size, **({"extra": dict(self.extra)} if self.extra else {})}
+
+    def resume_from_last(self) -> None:
+        """Restore model, optimiser, schedule, generators and history from ``last.pt`` if it exists."""
+        env, config, say, last_path = self.env, self.config, self.say, self.last_path
+        # Rank 0 reads the file and sends it to the others: no shared file system needed.
+        ck = None
+        if self.main and last_path.exists():
+            ck = load_checkpoint(last_path, required=("model", "optimizer", "scheduler", "generator", "epoch"))
+        ck = broadcast_object(env, ck)
+        if ck is None:
+            return
+        self.model.load_state_dict(ck["model"])
+        self.optimizer.load_state_dict(ck["optimizer"])
+        self.scheduler.load_state_dict(ck["scheduler"])
+        self.gen.set_state(ck["generator"])
+        rng = ck.get("rng")
+        if rng is not None:
+            ranks = list(rng.get("ranks", []))
+            if len(ranks) != env.world_size:
+                say(f"warning: {last_path} was written by {len(ranks)} processes, now {env.world_size}: "
+                    f"the run continues but not bit-for-bit as an uninterrupted one")
+            if ranks:
+                restore_rng_state(ranks[env.rank] if env.rank < len(ranks) else ranks[0])
+        elif "torch_rng" in ck:  # checkpoints of the first engine version
+            torch.set_rng_state(ck["torch_rng"])
+        saved_bs = (ck.get("train_config") or {}).get("batch_size", config.batch_size)
+        if saved_bs != config.batch_size:
+            say(f"warning: resuming with batch_size {config.batch_size}, the checkpoint used {saved_bs}")
+        self.history = list(ck.get("history", []))
+        self.best_metric = float(ck.get("best_metric", float("nan")))
+        self.best_epoch = int(ck.get("best_epoch", 0))
+        self.start_epoch = int(ck["epoch"]) + 1
+        say(f"resuming from {last_path} after epoch {self.start_epoch - 1}")
+
+    def wrap_model(self) -> None:
+        """Wrap the training module in DDP (under torchrun) and compile both modules if asked."""
+        config, device, model = self.config, self.device, self.model
+        if self.env.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.train_model = self.ddp = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None,
+                find_unused_parameters=config.find_unused_parameters)
+        if config.compile:
+            backend = "inductor" if config.compile is True else config.compile
+            # dynamic=True: clouds differ in size, one graph serves them all instead of a recompile each.
+            self.train_model = torch.compile(self.train_model, backend=backend, dynamic=True)
+            self.eval_model = torch.compile(model, backend=backend, dynamic=True)
+
+    # --------------------------------------------------------------- helpers
+    def autocast(self):
+        if self.config.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def evaluate(self, samples: Sequence[Any]) -> dict[str, float]:
+        """Metrics on rank 0 (unwrapped model: no DDP hooks), broadcast to every rank."""
+        metrics = None
+        if self.main:
+            with self.autocast():
+                metrics = {k: float(v) for k, v in self.task.evaluate(self.eval_model, samples).items()}
+        return broadcast_object(self.env, metrics)
+
+    def write_logs(self, test_metrics: dict[str, float] | None = None) -> None:
+        write_json(self.run_dir / "metrics.json", {**self.meta, "epochs": self.history,
+                                                   "best": {"epoch": self.best_epoch,
+                                                            self.config.metric: self.best_metric},
+                                                   "test": test_metrics})
+        write_metrics_csv(self.run_dir / "metrics.csv", self.history)
+
+    # ---------------------------------------------------------------- epochs
+    def train_step(self, epoch: int, order: list[int], start: int, lr: float) -> float:
+        """One optimiser step on the global batch ``order[start:start + batch_size]``; returns the
+        sum of its samples' losses over all ranks. FloatingPointError (before the update) if any
+        loss is not finite."""
+        config, env, task, train = self.config, self.env, self.task, self.train
+        world, rank = env.world_size, env.rank
+        shared_stream = config.batch_size == 1 and world == 1  # the demo's draw order (see module docstring)
+        batch = order[start:start + config.batch_size]
+        positions = list(range(start + rank, start + len(batch), world))  # this rank's share
+        self.optimizer.zero_grad(set_to_none=True)
+        local_sum, bad_sample = 0.0, None
+        if not positions:
+            # Fewer samples than ranks in this batch: a zero-weight pass keeps this rank
+            # in DDP's gradient all-reduce without changing the result.
+            with self.autocast():
+                loss = task.loss(self.train_model, train[batch[0]], sample_generator(config.seed, epoch, start))
+            (loss * 0.0).backward()
+        for j, pos in enumerate(positions):
+            g = self.gen if shared_stream else sample_generator(config.seed, epoch, pos)
+            sync = j == len(positions) - 1  # DDP all-reduces on the last backward of the step
+            ctx = self.ddp.no_sync() if (self.ddp is not None and not sync) else contextlib.nullcontext()
+            with ctx:
+                with self.autocast():
+                    loss = task.loss(self.train_model, train[order[pos]], g)
+                # DDP averages over ranks: scale so the result is the mean over the global batch.
+                scale = world / len(batch)
+                (loss if scale == 1.0 else loss * scale).backward()
+            value = float(loss.detach())
+            if not math.isfinite(value) and bad_sample is None:
+                bad_sample = (order[pos], value)
+            local_sum += value
+        step_sum, step_bad = all_reduce_sum(env, [local_sum, float(bad_sample is not None)])
+        if step_bad or not math.isfinite(step_sum):
+            where = (f"sample {bad_sample[0]}" if bad_sample else "another rank's sample")
+            value = bad_sample[1] if bad_sample else step_sum
+            raise FloatingPointError(f"loss is {value} at epoch {epoch}, {where}; "
+                                     f"try a smaller lr (now {lr:g})")
+        if config.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
+        self.optimizer.step()
+        return step_sum
+
+    def train_epoch(self, epoch: int) -> tuple[float, float]:
+        """One pass over the training samples in a seeded order, then a StepLR step.
+        Returns ``(lr, mean training loss)``; ``lr`` is the rate the epoch ran with."""
+        config, n = self.config, len(self.train)
+        self.model.train()
+        order = torch.randperm(n, generator=self.gen).tolist()
+        lr = self.optimizer.param_groups[0]["lr"]
+        total, count = 0.0, 0
+        last_val = self.history[-1]["val"].get(config.metric) if self.history else None
+        bar = EpochProgress(self.show_progress, n, f"epoch {epoch}/{config.epochs}", config.metric, last_val)
+        try:
+            for start in range(0, n, config.batch_size):
+                total += self.train_step(epoch, order, start, lr)
+                size = min(config.batch_size, n - start)
+                count += size
+                bar.update(size, total / count)
+        finally:
+            bar.close()
+        self.scheduler.step()
+        return lr, total / max(count, 1)
+
+    def validate(self) -> dict[str, float]:
+        """The task's metrics on the validation samples; ValueError if ``config.metric`` is missing."""
+        metrics = self.evaluate(self.val)
+        if self.config.metric not in metrics:
+            raise ValueError(f"metric: the task's evaluate() returned no {self.config.metric!r} "
+                             f"(it returned {sorted(metrics)})")
+        return metrics
+
+    def end_epoch(self, epoch: int, lr: float, train_loss: float, metrics: dict[str, float],
+                  t0: float, t_train: float) -> None:
+        """Bookkeeping of a completed epoch: best-so-far, history, ``best.pt`` (if improved),
+        ``last.pt``, ``metrics.json``/``metrics.csv``, TensorBoard and the epoch's log line."""
+        config, extra = self.config, self.extra
+        value = float(metrics[config.metric])
+        improved = _better(value, self.best_metric, config.mode)
+        if improved:
+            self.best_metric, self.best_epoch = value, epoch
+        row = {"epoch": epoch, "lr": lr, "train_loss": train_loss, "val": metrics,
+               "train_seconds": t_train, "seconds": time.perf_counter() - t0, "best": improved}
+        self.history.append(row)
+        rng_states = all_gather_object(self.env, capture_rng_state())
+        if self.main:
+            state = {"model": self.model.state_dict(), "model_name": self.model_name,
+                     "model_config": dict(self.model_config), "epoch": epoch, "metric_name": config.metric,
+                     "metric": value}
+            if improved:
+                save_checkpoint(self.best_path, {**state, **({"extra": dict(extra)} if extra else {})})
+            save_checkpoint(self.last_path, {**state, "optimizer": self.optimizer.state_dict(),
+                                             "scheduler": self.scheduler.state_dict(), "generator": self.gen.get_state(),
+                                             "rng": {"ranks": rng_states}, "best_metric": self.best_metric,
+                                             "best_epoch": self.best_epoch, "history": self.history,
+                                             "train_config": asdict(config), "world_size": self.env.world_size})
+            self.write_logs()
+            self.tb.log_epoch(row)
+        self.say(f"epoch {epoch:>3}/{config.epochs}  loss {row['train_loss']:.4f}  val {config.metric} {value:.4f}"
+                 f"{' *' if improved else '  '}  lr {lr:.3g}  {row['seconds']:.1f}s")
+
+    def finish(self) -> None:
+        """Load the best weights back (on every rank), evaluate ``test`` if given, write the logs."""
+        env = self.env
+        barrier(env)
+        if self.main and self.best_path.exists():
+            self.model.load_state_dict(load_checkpoint(self.best_path)["model"])
+        broadcast_module_state(env, self.model)  # every rank ends with the best weights
+        test = self.test
+        self.test_metrics = self.evaluate(test) if test is not None and len(test) else None
+        if self.main:
+            self.write_logs(self.test_metrics)
+
+    def close(self) -> None:
+        """Close the TensorBoard log and release DDP's hooks."""
+        if self.tb is not None:
+            self.tb.close()
+        if self.ddp is not None:
+            # Free DDP's reducer (it hooks the model's parameters) now, while the process group
+            # still exists: destroyed later, at interpreter exit, it can abort the process.
+            self.train_model = self.eval_model = self.ddp = None
+            gc.collect()
+
+    # ------------------------------------------------------------------- run
+    def run(self) -> TrainResult:
+        """All phases in order (see the class docstring)."""
+        t_start = time.perf_counter()
+        self.setup()
+        if self.resume:
+            self.resume_from_last()
+        self.wrap_model()
+        self.tb = TensorBoardLog(self.run_dir / "tensorboard", self.config.tensorboard) if self.main else None
+        try:
+            for epoch in range(self.start_epoch, self.config.epochs + 1):
+                t0 = time.perf_counter()
+                lr, train_loss = self.train_epoch(epoch)
+                t_train = time.perf_counter() - t0
+                metrics = self.validate()
+                self.end_epoch(epoch, lr, train_loss, metrics, t0, t_train)
+            self.finish()
+        finally:
+            self.close()
+        return TrainResult(self.best_epoch, self.best_metric, self.history, self.test_metrics, self.run_dir,
+                           time.perf_counter() - t_start)
+
+
 def fit(
     model: nn.Module,
     task: Task,
@@ -253,198 +530,5 @@ def fit(
         ValueError for a bad config or empty ``train``/``val``; FloatingPointError if a loss
         is not finite (nothing is written for that epoch).
     """
-    config.validate()
-    if len(train) == 0:
-        raise ValueError("train: no training samples")
-    if len(val) == 0:
-        raise ValueError("val: no validation samples (the best checkpoint is chosen on them)")
-    env = dist if dist is not None else DistEnv(device=resolve_device(config.device))
-    if env.distributed and env.world_size > len(train):
-        raise ValueError(f"train: {len(train)} samples cannot feed {env.world_size} processes")
-    run_dir = Path(run_dir)
-    main = env.is_main
-    say = (log or (lambda s: None)) if main else (lambda s: None)
-    t_start = time.perf_counter()
-    if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(run_dir, _RUN_FILES)  # left by a process killed mid-write
-
-    device = env.device
-    model.to(device)
-    # Every global generator a task might use starts from the seed (per rank), so a run is a
-    # function of its config and a resumed run can restore all of them.
-    torch.manual_seed(config.seed + env.rank)
-    np.random.seed(config.seed + env.rank)
-    random.seed(config.seed + env.rank)
-    gen = torch.Generator().manual_seed(config.seed)
-    optimizer = build_optimizer(model.parameters(), config.lr, config.weight_decay)
-    scheduler = build_step_lr(optimizer, config.step_size, config.gamma)
-    history: list[dict[str, Any]] = []
-    best_metric, best_epoch, start_epoch = float("nan"), 0, 1
-    meta = {"config": asdict(config), "model_name": model_name, "model_config": dict(model_config),
-            "world_size": env.world_size, **({"extra": dict(extra)} if extra else {})}
-
-    last_path, best_path = run_dir / "last.pt", run_dir / "best.pt"
-    if resume:
-        # Rank 0 reads the file and sends it to the others: no shared file system needed.
-        ck = None
-        if main and last_path.exists():
-            ck = load_checkpoint(last_path, required=("model", "optimizer", "scheduler", "generator", "epoch"))
-        ck = broadcast_object(env, ck)
-        if ck is not None:
-            model.load_state_dict(ck["model"])
-            optimizer.load_state_dict(ck["optimizer"])
-            scheduler.load_state_dict(ck["scheduler"])
-            gen.set_state(ck["generator"])
-            rng = ck.get("rng")
-            if rng is not None:
-                ranks = list(rng.get("ranks", []))
-                if len(ranks) != env.world_size:
-                    say(f"warning: {last_path} was written by {len(ranks)} processes, now {env.world_size}: "
-                        f"the run continues but not bit-for-bit as an uninterrupted one")
-                if ranks:
-                    restore_rng_state(ranks[env.rank] if env.rank < len(ranks) else ranks[0])
-            elif "torch_rng" in ck:  # checkpoints of the first engine version
-                torch.set_rng_state(ck["torch_rng"])
-            saved_bs = (ck.get("train_config") or {}).get("batch_size", config.batch_size)
-            if saved_bs != config.batch_size:
-                say(f"warning: resuming with batch_size {config.batch_size}, the checkpoint used {saved_bs}")
-            history = list(ck.get("history", []))
-            best_metric = float(ck.get("best_metric", float("nan")))
-            best_epoch = int(ck.get("best_epoch", 0))
-            start_epoch = int(ck["epoch"]) + 1
-            say(f"resuming from {last_path} after epoch {start_epoch - 1}")
-
-    # The module the steps run through (DDP and/or compiled) and the one validation uses.
-    train_model: nn.Module = model
-    ddp = None
-    if env.distributed:
-        from torch.nn.parallel import DistributedDataParallel
-
-        train_model = ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                              find_unused_parameters=config.find_unused_parameters)
-    eval_model: nn.Module = model
-    if config.compile:
-        backend = "inductor" if config.compile is True else config.compile
-        # dynamic=True: clouds differ in size, one graph serves them all instead of a recompile each.
-        train_model = torch.compile(train_model, backend=backend, dynamic=True)
-        eval_model = torch.compile(model, backend=backend, dynamic=True)
-
-    def autocast():
-        if config.precision == "bf16":
-            return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-    def evaluate(samples: Sequence[Any]) -> dict[str, float]:
-        """Metrics on rank 0 (unwrapped model: no DDP hooks), broadcast to every rank."""
-        metrics = None
-        if main:
-            with autocast():
-                metrics = {k: float(v) for k, v in task.evaluate(eval_model, samples).items()}
-        return broadcast_object(env, metrics)
-
-    tb = TensorBoardLog(run_dir / "tensorboard", config.tensorboard) if main else None
-
-    def write_logs(test_metrics: dict[str, float] | None = None) -> None:
-        write_json(run_dir / "metrics.json", {**meta, "epochs": history,
-                                              "best": {"epoch": best_epoch, config.metric: best_metric},
-                                              "test": test_metrics})
-        write_metrics_csv(run_dir / "metrics.csv", history)
-
-    show = main and progress_enabled(config.progress)
-    n, bs, world, rank = len(train), config.batch_size, env.world_size, env.rank
-    shared_stream = bs == 1 and world == 1  # the demo's draw order (see module docstring)
-    try:
-        for epoch in range(start_epoch, config.epochs + 1):
-            t0 = time.perf_counter()
-            model.train()
-            order = torch.randperm(n, generator=gen).tolist()
-            lr = optimizer.param_groups[0]["lr"]
-            total, count = 0.0, 0
-            last_val = history[-1]["val"].get(config.metric) if history else None
-            bar = EpochProgress(show, n, f"epoch {epoch}/{config.epochs}", config.metric, last_val)
-            try:
-                for start in range(0, n, bs):
-                    batch = order[start:start + bs]
-                    positions = list(range(start + rank, start + len(batch), world))  # this rank's share
-                    optimizer.zero_grad(set_to_none=True)
-                    local_sum, bad_sample = 0.0, None
-                    if not positions:
-                        # Fewer samples than ranks in this batch: a zero-weight pass keeps this rank
-                        # in DDP's gradient all-reduce without changing the result.
-                        with autocast():
-                            loss = task.loss(train_model, train[batch[0]], sample_generator(config.seed, epoch, start))
-                        (loss * 0.0).backward()
-                    for j, pos in enumerate(positions):
-                        g = gen if shared_stream else sample_generator(config.seed, epoch, pos)
-                        sync = j == len(positions) - 1  # DDP all-reduces on the last backward of the step
-                        ctx = ddp.no_sync() if (ddp is not None and not sync) else contextlib.nullcontext()
-                        with ctx:
-                            with autocast():
-                                loss = task.loss(train_model, train[order[pos]], g)
-                            # DDP averages over ranks: scale so the result is the mean over the global batch.
-                            scale = world / len(batch)
-                            (loss if scale == 1.0 else loss * scale).backward()
-                        value = float(loss.detach())
-                        if not math.isfinite(value) and bad_sample is None:
-                            bad_sample = (order[pos], value)
-                        local_sum += value
-                    step_sum, step_bad = all_reduce_sum(env, [local_sum, float(bad_sample is not None)])
-                    if step_bad or not math.isfinite(step_sum):
-                        where = (f"sample {bad_sample[0]}" if bad_sample else "another rank's sample")
-                        value = bad_sample[1] if bad_sample else step_sum
-                        raise FloatingPointError(f"loss is {value} at epoch {epoch}, {where}; "
-                                                 f"try a smaller lr (now {lr:g})")
-                    if config.grad_clip is not None:
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-                    optimizer.step()
-                    total += step_sum
-                    count += len(batch)
-                    bar.update(len(batch), total / count)
-            finally:
-                bar.close()
-            scheduler.step()
-            t_train = time.perf_counter() - t0
-            metrics = evaluate(val)
-            if config.metric not in metrics:
-                raise ValueError(f"metric: the task's evaluate() returned no {config.metric!r} "
-                                 f"(it returned {sorted(metrics)})")
-            value = float(metrics[config.metric])
-            improved = _better(value, best_metric, config.mode)
-            if improved:
-                best_metric, best_epoch = value, epoch
-            row = {"epoch": epoch, "lr": lr, "train_loss": total / max(count, 1), "val": metrics,
-                   "train_seconds": t_train, "seconds": time.perf_counter() - t0, "best": improved}
-            history.append(row)
-            rng_states = all_gather_object(env, capture_rng_state())
-            if main:
-                state = {"model": model.state_dict(), "model_name": model_name, "model_config": dict(model_config),
-                         "epoch": epoch, "metric_name": config.metric, "metric": value}
-                if improved:
-                    save_checkpoint(best_path, {**state, **({"extra": dict(extra)} if extra else {})})
-                save_checkpoint(last_path, {**state, "optimizer": optimizer.state_dict(),
-                                            "scheduler": scheduler.state_dict(), "generator": gen.get_state(),
-                                            "rng": {"ranks": rng_states}, "best_metric": best_metric,
-                                            "best_epoch": best_epoch, "history": history,
-                                            "train_config": asdict(config), "world_size": world})
-                write_logs()
-                tb.log_epoch(row)
-            say(f"epoch {epoch:>3}/{config.epochs}  loss {row['train_loss']:.4f}  val {config.metric} {value:.4f}"
-                f"{' *' if improved else '  '}  lr {lr:.3g}  {row['seconds']:.1f}s")
-
-        barrier(env)
-        if main and best_path.exists():
-            model.load_state_dict(load_checkpoint(best_path)["model"])
-        broadcast_module_state(env, model)  # every rank ends with the best weights
-        test_metrics = evaluate(test) if test is not None and len(test) else None
-        if main:
-            write_logs(test_metrics)
-    finally:
-        if tb is not None:
-            tb.close()
-        if ddp is not None:
-            # Free DDP's reducer (it hooks the model's parameters) now, while the process group
-            # still exists: destroyed later, at interpreter exit, it can abort the process.
-            train_model = eval_model = ddp = None
-            gc.collect()
-    return TrainResult(best_epoch, best_metric, history, test_metrics, run_dir, time.perf_counter() - t_start)
+    return Trainer(model, task, train, val, config, run_dir, model_name, model_config, test=test, resume=resume,
+                   extra=extra, log=log, dist=dist).run()

@@ -61,10 +61,10 @@ def check_inputs(model, n: int, seed: int = 0):
     import torch
 
     if (model.in_dim, model.coord_dim) == (15, 6):
-        from ..bench.speed import make_inputs
+        from ..tasks.tracking.core import generated_inputs
 
-        x, c = make_inputs(n, seed)
-        return x[0].double(), c[0].double()
+        x, c = generated_inputs(n, seed)
+        return x.double(), c.double()
     from .onnx_export import example_inputs
 
     return example_inputs(model, n, torch.float64, seed)

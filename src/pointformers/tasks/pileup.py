@@ -3,13 +3,13 @@
 * :func:`pileup_inputs` -- per-particle model inputs ``x`` (n, 8) in the authors' column order
   ``(η, φ, px, py, pT, E, rapidity, PID category)`` (raw values, as the authors feed them),
   kernel coordinates ``coords`` = ``[η, φ, η, φ]`` (n, 4), the label (from the LC) and the
-  charge (spec hept.md §4.3).
+  charge (the authors' preprocessing).
 * :func:`focal_loss` -- Lin et al.'s focal loss as the authors implement it (α = 0.25 on every
   term, γ = 2, mean), from logits; :func:`scored_mask` -- the particles it and the metrics
   cover: neutral with pT > 0.9 GeV (the authors' ``is_neu``).
 * :func:`pileup_event_metrics` / :func:`pileup_metrics` -- the paper's "AUC" = average
   precision (sklearn ``average_precision_score``) of each event's scored particles, averaged
-  over events, plus ROC-AUC and F1 at probability 0.5 averaged the same way (spec §4.4).
+  over events, plus ROC-AUC and F1 at probability 0.5 averaged the same way (the authors' code).
 * :class:`PileupTask` -- the engine's task protocol; the task spec ``"pileup"`` is registered
   with :mod:`pointformers.tasks.registry` on import.
 * :func:`draw_pileup_curves` -- the precision-recall curve (AP) beside the ROC curve (ROC-AUC)
@@ -293,7 +293,7 @@ def _logits(model: nn.Module, sample: PileupInputs) -> torch.Tensor:
 
 
 class PileupTask:
-    """Focal-loss training and per-event AP evaluation on neutral particles (spec §3.4, §4.4).
+    """Focal-loss training and per-event AP evaluation on neutral particles (the authors' loss and metrics).
 
     Args:
         alpha, gamma, alpha_mode: :func:`focal_loss` options (authors: 0.25, 2, "uniform").

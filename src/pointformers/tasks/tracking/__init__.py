@@ -11,7 +11,7 @@ One module per concern:
 * :mod:`.display` -- event displays and HEPT bucket figures.
 * :mod:`.spec` -- the ``tracking`` entry of the task registry (config schema, data loading).
 """
-from .core import (  # noqa: F401
+from .core import (
     PIXEL_LAYERS,
     TRACKING_COORDS,
     TRACKING_FEATURES,
@@ -22,6 +22,7 @@ from .core import (  # noqa: F401
     ap_at_k_split,
     build_tracking_pairs,
     cluster_tracks,
+    generated_inputs,
     infonce_loss,
     knn_eta_phi_embedding,
     pixel_layer_index,
@@ -29,4 +30,10 @@ from .core import (  # noqa: F401
     tracking_inputs,
     tracking_metrics_at_k,
 )
-from .core import __all__  # noqa: F401
+
+__all__ = [
+    "PIXEL_LAYERS", "TRACKING_COORDS", "TRACKING_FEATURES", "TrackingInputs", "TrackingPairs",
+    "add_random_pairs", "ap_at_k", "ap_at_k_split", "build_tracking_pairs", "cluster_tracks",
+    "generated_inputs", "infonce_loss", "knn_eta_phi_embedding", "pixel_layer_index",
+    "radius_graph_capped", "tracking_inputs", "tracking_metrics_at_k",
+]

@@ -1,7 +1,7 @@
 """Track building: DBSCAN on learned hit embeddings, its radius chosen on validation clouds.
 
 The tracking models map hits to a 12-d space where hits of one particle lie close together
-(InfoNCE, spec ``hept.md`` §3.4). Track candidates are the clusters of
+(InfoNCE, :func:`~.core.infonce_loss`). Track candidates are the clusters of
 :class:`sklearn.cluster.DBSCAN` in that space; DBSCAN's noise (label −1) is left unassigned.
 The radius ``eps`` is the value of a grid that maximises the mean TrackML score
 (:func:`~.trackml_score.trackml_score`) over the validation clouds; the test score is then

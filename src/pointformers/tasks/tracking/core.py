@@ -4,12 +4,12 @@ Inputs, training pairs, loss and AP@k of the per-hit embedding:
 
 * :func:`tracking_inputs` -- per-hit model inputs ``x`` (n, 15), kernel coordinates ``coords``
   (n, 6) and ``pos`` = (η, φ) (n, 2), exactly as HEPT's preprocessing builds them
-  (spec ``hept.md`` §4.2).
+  (the authors' code); :func:`generated_inputs` -- the same for ``n`` hits of a generated event.
 * :func:`build_tracking_pairs` / :func:`add_random_pairs` -- the labelled hit pairs the
-  contrastive loss is computed on (spec §4.2 "[code] Pair generation", §3.4).
-* :func:`infonce_loss` -- the authors' InfoNCE loss (``l2_rbf``) or the paper's variant (§3.4).
+  contrastive loss is computed on (the authors' pair generation).
+* :func:`infonce_loss` -- the authors' InfoNCE loss (``l2_rbf``) or the paper's variant (App. A.3).
 * :func:`ap_at_k` / :func:`tracking_metrics_at_k` / :func:`ap_at_k_split` -- the
-  ``accuracy@0.9`` metric of the code (``acc_and_pr_at_k``, spec §4.4).
+  ``accuracy@0.9`` metric of the authors' code (``acc_and_pr_at_k``).
 * :func:`knn_eta_phi_embedding` -- the kNN-in-(η, φ) baseline embedding.
 * :func:`cluster_tracks` -- DBSCAN on embeddings, for event displays.
 
@@ -38,6 +38,7 @@ __all__ = [
     "TrackingPairs",
     "pixel_layer_index",
     "tracking_inputs",
+    "generated_inputs",
     "radius_graph_capped",
     "build_tracking_pairs",
     "add_random_pairs",
@@ -134,7 +135,7 @@ def pixel_layer_index(volume_id: np.ndarray, layer_id: np.ndarray) -> np.ndarray
 
 
 def tracking_inputs(event: TrackingEvent, dtype: torch.dtype = torch.float32) -> TrackingInputs:
-    """Turn a :class:`TrackingEvent` into HEPT's model inputs (spec §4.2 "[code] Preprocessing").
+    """Turn a :class:`TrackingEvent` into HEPT's model inputs (the authors' preprocessing).
 
     ``x`` columns (:data:`TRACKING_FEATURES`): ``r/1000, φ/π, z/1000, eta_rz, u·1000, v·1000,
     charge_frac, leta, lphi, lx, ly, lz, geta, gphi, layer/10`` with r, z in mm, φ = atan2(y, x),
@@ -187,6 +188,17 @@ def tracking_inputs(event: TrackingEvent, dtype: torch.dtype = torch.float32) ->
         reconstructable=torch.as_tensor(np.asarray(event.reconstructable, dtype=bool)),
         layer=torch.as_tensor(layer),
     )
+
+
+def generated_inputs(n: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Model inputs ``x`` (n, 15) and ``coords`` (n, 6) of the first ``n`` hits of a generated
+    Tracking-60k-like event (:func:`pointformers.data.tracking.event_with_hits`): inputs of a
+    chosen size for benchmarks and export checks."""
+    from ...data.tracking import event_with_hits
+
+    event, _ = event_with_hits(n, seed)
+    inp = tracking_inputs(event, dtype=dtype)
+    return inp.x[:n], inp.coords[:n]
 
 
 def _as_inputs(data: Union[TrackingEvent, TrackingInputs], name: str = "data") -> TrackingInputs:
@@ -348,7 +360,7 @@ def build_tracking_pairs(
     pt_min: float = 0.9,
     backend: Literal["auto", "kdtree", "torch"] = "auto",
 ) -> TrackingPairs:
-    """The authors' labelled pairs for one cloud (spec §4.2 "[code] Pair generation", §3.4).
+    """The authors' labelled pairs for one cloud (their pair generation; the paper gives no details).
 
     1. Neighbours: :func:`radius_graph_capped` on ``pos`` = (η, φ) with ``radius`` and
        ``max_num_neighbors``, made undirected.
@@ -421,7 +433,7 @@ def build_tracking_pairs(
 def add_random_pairs(
     pairs: TrackingPairs, fraction: float = 0.2, generator: torch.Generator | None = None
 ) -> TrackingPairs:
-    """Training-time augmentation (spec §3.4): append ``int(fraction·E/2)`` uniformly random
+    """Training-time augmentation (the authors' code): append ``int(fraction·E/2)`` uniformly random
     hit pairs made undirected (both directions; duplicates among them removed, like PyG's
     ``to_undirected``). They are labelled by the same rule as every other pair, so they are
     negatives unless both hits are eligible hits of one particle (such a pair is already a
@@ -455,7 +467,7 @@ def infonce_loss(
     tau: float = 0.05,
     sigma: float = 0.75,
 ) -> torch.Tensor:
-    """InfoNCE over labelled pairs (spec §3.4), a scalar.
+    """InfoNCE over labelled pairs (the paper's App. A.3, the authors' ``InfoNCELoss``), a scalar.
 
     Logits ``s`` per listed pair (u, v):
 
@@ -574,7 +586,7 @@ def tracking_metrics_at_k(
     K: int = 19,
     large_k: Literal["clip", "raise", "extend"] = "clip",
 ) -> dict[str, float]:
-    """The authors' ``acc_and_pr_at_k`` for one cloud (spec §4.4): AP@k ("accuracy"),
+    """The authors' ``acc_and_pr_at_k`` for one cloud: AP@k ("accuracy"),
     precision@K and recall@K.
 
     Query hits: particle id ≠ 0, reconstructable and pt > ``pt_min``. For a query u,
@@ -694,8 +706,8 @@ def knn_eta_phi_embedding(
     metric computed on (η, φ) neighbourhoods.
 
     ``wrap_phi=False`` (default): ``(n, 2)`` = (η, φ) with φ in (−π, π] **not** wrapped, i.e.
-    the same (η, φ) plane HEPT's coordinates, regions and the pair radius graph use (spec §9
-    item 5), so the baseline sees exactly the model's notion of locality; hits within
+    the same (η, φ) plane HEPT's coordinates, regions and the pair radius graph use (the authors'
+    code does not wrap φ either), so the baseline sees exactly the model's notion of locality; hits within
     ~0.1 rad of the φ = ±π seam lose their neighbours across it (a tiny fraction).
     ``wrap_phi=True``: ``(n, 3)`` = (η, cos φ, sin φ): the chord distance 2 sin(Δφ/2) ≈ Δφ
     for small Δφ, so rankings match (η, φ) locally and the seam disappears.

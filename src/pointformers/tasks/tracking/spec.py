@@ -1,6 +1,6 @@
 """The ``tracking`` task for configs and the CLI (registered at import as ``task.name: tracking``).
 
-Config sections (defaults: the HEPT authors' tracking settings, spec ``hept.md`` §3.3-§4.4)::
+Config sections (defaults: the HEPT authors' tracking settings)::
 
     data: {preset: small, seed: 0, cache_dir: null,    # data/tracking.py presets, generated and cached
            n_events: null,                           # optional: the preset with this many events

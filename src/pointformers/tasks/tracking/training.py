@@ -117,7 +117,7 @@ def prepare_tracking_clouds(
 
     Args:
         events: the clouds (e.g. one split of :func:`~pointformers.data.tracking.load_tracking_dataset`).
-        with_pairs: build the training pairs (spec §4.2; ``radius`` and ``max_num_neighbors``
+        with_pairs: build the training pairs (the authors' pair generation; ``radius`` and ``max_num_neighbors``
             are the authors' radius graph in (η, φ), ``pt_min`` the positive filter).
         keep_events: keep a reference to each source event (for event displays).
         progress: show a tqdm bar.
@@ -242,7 +242,7 @@ def _mirrored(pairs: TrackingPairs, n_listed: int) -> TrackingPairs:
 
 
 class TrackingTask:
-    """InfoNCE training and AP@k evaluation of per-hit embeddings (spec §3.4, §4.4).
+    """InfoNCE training and AP@k evaluation of per-hit embeddings (the authors' loss and metric).
 
     Args:
         similarity, tau, sigma: :func:`~.core.infonce_loss` options (authors: "l2_rbf",
