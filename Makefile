@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.pointformers-installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-heavy install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Slow whole-repository checks (every config's model exported and compared with itself).
+test-heavy: $(STAMP)
+	$(BIN)/python -m pytest -m heavy
 
 clean:
 	rm -rf $(VENV) .pointformers-cache runs

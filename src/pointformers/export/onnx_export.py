@@ -52,6 +52,9 @@ EXPORT_FORMATS = ("onnx", "torch.export")
 #: Key of the JSON metadata in the ONNX ``metadata_props`` and the ``.pt2`` extra files.
 METADATA_KEY = "pointformers"
 _METADATA_VERSION = 2
+#: Name of the ONNX graph's output (files of metadata version 1 called it "embedding"; a model's
+#: own value names, e.g. an ``nn.Embedding``'s output, may not clash with it).
+OUTPUT_NAME = "pointformers_output"
 #: ``group_chunk`` for torch.export files: PyTorch runs the block attention one head at a time
 #: faster than all at once on the CPU (cache); onnxruntime does not gain and the unrolled ONNX
 #: graph grows with the chunk count, so ONNX files use all heads at once (docs/benchmarks.md).
@@ -90,14 +93,15 @@ class ExportableModel(nn.Module):
     """One cloud through ``model`` in export mode. x (N, F), coords (N, c) -> the model's output for that cloud.
 
     Computes what ``model.eval()(x, coords)`` computes (same modules, same weights; float rounding
-    and HEPT's sort near-ties aside): the model's mixers are switched to export mode (the model is
-    modified in place; :func:`export_model` works on a copy). ``group_chunk``: heads per
-    block-attention chunk of the mechanisms that have one (HEPT, ``lsh_or``), a memory knob.
+    and HEPT's sort near-ties aside) on a copy of ``model`` whose mixers are in export mode (the
+    given model is not changed). ``group_chunk``: heads per block-attention chunk of the mechanisms
+    that have one (HEPT, ``lsh_or``), a memory knob.
     """
 
     def __init__(self, model: nn.Module, group_chunk: int | None = None):
         super().__init__()
         check_exportable(model)
+        model = copy.deepcopy(model)
         self.model = set_exportable(model.eval())
         self.group_chunk = group_chunk
         for m in _mixers(model):
@@ -161,7 +165,7 @@ def _metadata(model: nn.Module, dtype: torch.dtype, fmt: str, opset: int | None,
     return {"version": _METADATA_VERSION, "pointformers": __version__, "torch": torch.__version__,
             "format": fmt, "opset": opset, "dtype": str(dtype).replace("torch.", ""), "min_points": min_points(model),
             "inputs": {"x": ["n_points", model.in_dim], "coords": ["n_points", model.coord_dim]},
-            "output": {"embedding": ["n_points", *out_shape]}, "in_dim": model.in_dim,
+            "output": {OUTPUT_NAME: ["n_points", *out_shape]}, "in_dim": model.in_dim,
             "coord_dim": model.coord_dim, "out_dim": int(out_shape[0]) if out_shape else 1, "out_shape": list(out_shape),
             "mechanism": getattr(model, "attention", None), "n_layers": len(mixers),
             "mixer": type(mixers[0]).__name__ if mixers else None, "model": type(model).__name__}
@@ -278,10 +282,11 @@ def export_model(model_or_checkpoint: nn.Module | str | os.PathLike | Mapping[st
     inputs = example_inputs(model, dtype=dtype)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad():
-        out_shape = tuple(wrapper(*inputs).shape[1:])
-    meta = {**_metadata(model, dtype, format, opset, out_shape), "group_chunk": group_chunk}
+    meta = {"group_chunk": group_chunk}
     program = export_program(wrapper, inputs)
+    out_node = next(n for n in program.graph.nodes if n.op == "output")
+    out_shape = tuple(int(d) for d in out_node.args[0][0].meta["val"].shape[1:])  # per point: (out_dim,) or ()
+    meta = {**_metadata(model, dtype, format, opset, out_shape), **meta}
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # keeps the suffix torch.export.save expects
     try:
         if format == "torch.export":
@@ -293,7 +298,7 @@ def export_model(model_or_checkpoint: nn.Module | str | os.PathLike | Mapping[st
                 warnings.simplefilter("ignore")
                 onnx_program = torch.onnx.export(
                     program, inputs, dynamo=True, opset_version=opset, input_names=["x", "coords"],
-                    output_names=["embedding"], verbose=verbose,
+                    output_names=[OUTPUT_NAME], verbose=verbose,
                     custom_translation_table={torch.ops.aten.sort.stable: _sort_stable_to_topk,
                                               torch.ops.aten.softplus.default: _softplus,
                                               torch.ops.aten.gelu.default: _gelu},

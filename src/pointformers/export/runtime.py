@@ -156,7 +156,7 @@ class OnnxInference(ExportedInference):
         super().__init__(json.loads(text))
 
     def run_cloud(self, x: np.ndarray, coords: np.ndarray) -> np.ndarray:
-        return self.session.run(["embedding"], {"x": x, "coords": coords})[0]
+        return self.session.run([self.session.get_outputs()[0].name], {"x": x, "coords": coords})[0]
 
 
 class TorchExportInference(ExportedInference):
