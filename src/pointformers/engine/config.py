@@ -248,10 +248,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
 
 # ----------------------------------------------------------------------------- resolution
 def _factory(name: str):
-    from ..models import registry
+    from ..models import MODELS
 
-    table = getattr(registry, "_MODELS", {})
-    return table.get(name)
+    return MODELS.get(name).factory if name in MODELS else None
 
 
 def model_option_names(name: str) -> set[str] | None:

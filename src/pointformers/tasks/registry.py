@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["TaskSpec", "register_task", "get_task", "available_tasks", "config_section", "check_data_seed"]
+from ..registry import Registry
+
+__all__ = ["TaskSpec", "TASKS", "register_task", "get_task", "available_tasks", "config_section", "check_data_seed"]
 
 
 @dataclass(frozen=True)
@@ -75,14 +77,22 @@ class TaskSpec:
                                  f"(missing {missing}, unknown {unknown})")
 
 
-_TASKS: dict[str, TaskSpec] = {}
+def _spec_info(spec: TaskSpec) -> TaskSpec:
+    return spec
+
+
+#: The registry of tasks (the package's one registry type): factory = the spec's ``build``,
+#: metadata = the :class:`TaskSpec` itself.
+TASKS: Registry = Registry("task", _spec_info)
 
 
 def register_task(spec: TaskSpec) -> TaskSpec:
     """Add ``spec`` under ``spec.name`` (a second registration of the same name is an error)."""
-    if spec.name in _TASKS and _TASKS[spec.name] is not spec:
+    if spec.name in TASKS:
+        if TASKS.info(spec.name) is spec:
+            return spec
         raise ValueError(f"task {spec.name!r} is already registered")
-    _TASKS[spec.name] = spec
+    TASKS.register(spec.name, spec.build, spec=spec)
     return spec
 
 
@@ -104,15 +114,15 @@ _BUILTIN_MODULES: list[str] = ["pointformers.tasks.tracking.spec", "pointformers
 def available_tasks() -> list[str]:
     """Sorted names of the registered tasks."""
     _load_builtin()
-    return sorted(_TASKS)
+    return TASKS.available()
 
 
 def get_task(name: str) -> TaskSpec:
     """The :class:`TaskSpec` named ``name``; ValueError listing the valid names otherwise."""
     _load_builtin()
-    if name not in _TASKS:
-        raise ValueError(f"task.name: unknown task {name!r} (valid: {', '.join(sorted(_TASKS))})")
-    return _TASKS[name]
+    if name not in TASKS:
+        raise ValueError(f"task.name: unknown task {name!r} (valid: {', '.join(TASKS.available())})")
+    return TASKS.info(name)
 
 
 def config_section(cfg: Mapping[str, Any], name: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
