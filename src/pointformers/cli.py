@@ -632,7 +632,10 @@ def _data_args(p: argparse.ArgumentParser, data_help: str, required: bool) -> No
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pointformers", description="Efficient transformers for large point clouds.")
+    p = argparse.ArgumentParser(prog="pointformers", description="Efficient transformers for large point clouds.",
+                                epilog="--plugin MODULE|FILE.py (any position, repeatable): import a plugin that "
+                                       "registers attention mechanisms, models or tasks first "
+                                       "(docs/adding-a-mechanism.md); also read from POINTFORMERS_PLUGINS.")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="train HEPT on a small synthetic tracking set and compare with baselines (minutes on CPU)")
@@ -705,10 +708,44 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _load_plugin_args(argv: list[str]) -> list[str]:
+    """Import the ``--plugin MODULE|FILE.py`` options (anywhere in argv; before the command too) and
+    those of the environment's ``POINTFORMERS_PLUGINS``, and add them to that variable so worker
+    processes import them too. Returns argv without them."""
+    from .registry import PLUGIN_ENV, load_plugins
+
+    rest, plugins, i = [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--plugin":
+            if i + 1 >= len(argv):
+                raise ValueError("--plugin: expected a module name or a .py file")
+            plugins.append(argv[i + 1])
+            i += 2
+            continue
+        if a.startswith("--plugin="):
+            plugins.append(a.split("=", 1)[1])
+        else:
+            rest.append(a)
+        i += 1
+    if plugins:
+        known = [s for s in os.environ.get(PLUGIN_ENV, "").split(os.pathsep) if s]
+        # absolute paths: workers may run elsewhere
+        plugins = [os.path.abspath(p) if p.endswith(".py") else p for p in plugins]
+        os.environ[PLUGIN_ENV] = os.pathsep.join(known + [p for p in plugins if p not in known])
+    load_plugins()
+    return rest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point. Returns the exit status: 0 ok, 2 bad arguments/config, 130 interrupted."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = _load_plugin_args(argv)
+    except ValueError as exc:
+        print(f"pointformers: error: {exc}", file=sys.stderr)
+        return 2
     if argv[:1] == ["benchmark"]:
         rest = argv[1:]
         if any(a == "--config" or a.startswith("--config=") for a in rest):

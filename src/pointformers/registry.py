@@ -111,3 +111,50 @@ class Registry(Generic[T]):
     def items(self) -> Mapping[str, Entry[T]]:
         """A read-only view name -> entry."""
         return dict(self._entries)
+
+
+# ------------------------------------------------------------------------------ plugins
+#: Environment variable naming plugins to import: module names or ``.py`` files, separated by
+#: ``os.pathsep``. Subprocesses (benchmark workers, torchrun ranks) inherit it, so a mechanism a
+#: plugin registers is known in every process of a run.
+PLUGIN_ENV = "POINTFORMERS_PLUGINS"
+
+
+def load_plugins(specs: "list[str] | tuple[str, ...] | None" = None) -> list:
+    """Import plugins that register mechanisms, models or tasks; returns the modules.
+
+    ``specs``: module names (``my_package.my_attention``) or paths of ``.py`` files; default: the
+    entries of :data:`PLUGIN_ENV`. Each is imported once per process (a file under a module name
+    derived from its resolved path). Raises ValueError naming the plugin when it cannot be imported.
+    """
+    import hashlib
+    import importlib
+    import importlib.util
+    import os
+    import sys
+
+    if specs is None:
+        specs = [s for s in os.environ.get(PLUGIN_ENV, "").split(os.pathsep) if s]
+    modules = []
+    for spec in specs:
+        try:
+            if spec.endswith(".py"):
+                path = os.path.realpath(spec)
+                if not os.path.isfile(path):
+                    raise FileNotFoundError(f"no such file {spec!r}")
+                name = "pointformers_plugin_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+                if name not in sys.modules:
+                    loader_spec = importlib.util.spec_from_file_location(name, path)
+                    module = importlib.util.module_from_spec(loader_spec)
+                    sys.modules[name] = module
+                    try:
+                        loader_spec.loader.exec_module(module)
+                    except BaseException:
+                        del sys.modules[name]
+                        raise
+                modules.append(sys.modules[name])
+            else:
+                modules.append(importlib.import_module(spec))
+        except Exception as exc:  # noqa: BLE001 - report any failure the same way
+            raise ValueError(f"plugin {spec!r}: cannot be imported ({type(exc).__name__}: {exc})") from exc
+    return modules

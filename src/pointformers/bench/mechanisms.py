@@ -47,20 +47,23 @@ from .harness import machine, measure, measure_warm, run_isolated, write_section
 from .peak import peak_sentence
 
 DIM, HEADS = 64, 4
-#: Realistic options per mechanism (papers' defaults where they exist).
-OPTIONS = {
-    "full": {},
-    "kernel": {"coord_dim": 3},
-    "hept": {"coord_dim": 3, "block_size": 100, "n_hashes": 3, "num_regions": 150},
-    "lsh_or": {"coord_dim": 3, "block_size": 100, "n_hashes": 3},
-    "performer": {"nb_features": 256},
-    "flt": {"nb_features": 256, "num_rpe_features": 32, "rpe_type": "gaussian_basis"},
-    "sft": {"k": 256},
-    "samsa": {"k": 256},
-    "sampled": {},
-    "knn": {"k": 16, "coord_dim": 3},
-    "serialized": {"patch_size": 1024, "coord_dim": 3},
-}
+
+
+def bench_options(name: str) -> dict:
+    """The benchmark options of mechanism ``name``: its registry entry's ``bench`` defaults
+    (papers' values where they exist)."""
+    from ..attention import info
+
+    return dict(info(name).bench)
+
+
+def mechanism_names() -> list[str]:
+    """Every registered mechanism, in the registry's order (sorted)."""
+    from ..attention import available
+
+    return available()
+
+
 DEFAULT_SIZES = [1024, 4096, 8192, 16384, 65536, 262144]
 #: The near-linearity check of the mechanisms issue: time(64k) / time(8k) ≤ 10 (N grows 8×).
 RATIO_SIZES, RATIO_LIMIT = (8192, 65536), 10.0
@@ -93,7 +96,7 @@ def layer_worker(name: str, n: int, mode: str, repeats: int, device: str = "cpu"
 
     dev = torch.device(device)
     torch.manual_seed(0)
-    attn = build(name, dim=DIM, heads=HEADS, **OPTIONS[name]).to(dev)
+    attn = build(name, dim=DIM, heads=HEADS, **bench_options(name)).to(dev)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, n, DIM, generator=g).to(dev)
     pos = torch.rand(1, n, 3, generator=g).to(dev)
@@ -149,7 +152,7 @@ def sft_worker(k: int, repeats: int, gemm: str = "auto") -> dict:
 
 
 def layer_flops(name: str, n: int, mode: str) -> int:
-    return attention_flops(name, n, DIM, HEADS, **OPTIONS[name]).total(mode)
+    return attention_flops(name, n, DIM, HEADS, **bench_options(name)).total(mode)
 
 
 def available_memory_mb(device: str) -> float:
@@ -266,7 +269,7 @@ def _cell(r: dict | None, full: dict | None, key: str, scale: float) -> str:
 
 def report(layer: list[dict], sizes: list[int], modes: list[str], sft: list[dict], device: str,
            peak: dict | None, plot: str | None = None) -> str:
-    names = [m for m in OPTIONS if any(r["mechanism"] == m for r in layer)]
+    names = [m for m in mechanism_names() if any(r["mechanism"] == m for r in layer)]
     sizes = sorted(sizes)
     dev_line = (f"Device: **{device}**" + (f" ({torch.cuda.get_device_name()})" if device == "cuda" else "")
                 + f". Machine: {machine()}.")
@@ -274,7 +277,7 @@ def report(layer: list[dict], sizes: list[int], modes: list[str], sft: list[dict
     if peak:
         lines += [peak_sentence(peak), ""]
     lines += [f"One attention layer, width {DIM}, {HEADS} heads, batch 1, float32, uniform points in the unit cube. "
-              "Options: " + "; ".join(f"`{m}` {OPTIONS[m] or 'defaults'}" for m in names) + ". "
+              "Options: " + "; ".join(f"`{m}` {bench_options(m) or 'defaults'}" for m in names) + ". "
               "`kernel`, `hept` and `lsh_or` use head width = model width (64, as HEPT's code); the others 64/4 = 16: "
               "the FLOPs columns make that difference explicit. Ratios in parentheses are to `full` at the same N. "
               "α = fitted exponent of time ∝ N^α over N ≥ 4096. 64k/8k = time (or peak memory) at N = 65536 over "
@@ -372,11 +375,11 @@ def run(a: argparse.Namespace, peak: dict | None = None, log=None) -> dict:
         raise SystemExit("pointformers benchmark mechanisms: --device cuda but no CUDA device is available")
     if any(n < 1 for n in a.sizes):
         raise SystemExit("pointformers benchmark mechanisms: --sizes must be positive")
-    names = a.mechanisms or [m for m in OPTIONS if m in available()]
-    unknown = set(names) - set(OPTIONS)
+    names = a.mechanisms or available()
+    unknown = set(names) - set(available())
     if unknown:
         raise SystemExit(f"pointformers benchmark mechanisms: unknown mechanism(s) {sorted(unknown)}; "
-                         f"choose from {sorted(OPTIONS)}")
+                         f"choose from {available()}")
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     if peak is None and a.peak:
         from .peak import block_gemm_rate, matmul_peak
@@ -402,6 +405,9 @@ def run(a: argparse.Namespace, peak: dict | None = None, log=None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> str:
+    from ..registry import load_plugins
+
+    load_plugins()  # mechanisms registered by plugins (POINTFORMERS_PLUGINS), in workers too
     a = parser().parse_args(argv)
     if a.worker:
         if a.worker[0] == "sft-protocol":
