@@ -1,16 +1,18 @@
-"""The benchmark's authors-style baseline computes the same function as the fused HEPT."""
+"""The benchmark's authors-style baseline (HEPT's materialized reference path) computes the same
+function as the fused HEPT."""
+import pytest
 import torch
 
 from pointformers.attention import build
-from pointformers.bench.materialized_hept import MaterializedHEPTAttention
 from pointformers.bench.speed import report
 
 
-def test_materialized_hept_equals_fused_hept_with_gradients():
+@pytest.mark.parametrize("all_heads", [False, True])
+def test_materialized_hept_equals_fused_hept_with_gradients(all_heads):
     torch.manual_seed(0)
     opts = dict(dim=16, heads=4, coord_dim=3, block_size=8, n_hashes=3, num_regions=6)
-    fused = build("hept", **opts).double()
-    mat = MaterializedHEPTAttention(**opts).double()
+    fused = build("hept", **opts, all_heads=all_heads).double()
+    mat = build("hept", **opts, implementation="materialized").double()
     mat.load_state_dict(fused.state_dict())
     x = torch.randn(2, 37, 16, dtype=torch.float64, requires_grad=True)
     pos = torch.randn(2, 37, 3, dtype=torch.float64)
@@ -21,6 +23,10 @@ def test_materialized_hept_equals_fused_hept_with_gradients():
     g1, = torch.autograd.grad(y1.pow(2).sum(), x)
     g2, = torch.autograd.grad(y2.pow(2).sum(), x)
     torch.testing.assert_close(g1, g2)
+    gw1 = torch.autograd.grad(fused(x, pos, mask).pow(2).sum(), [fused.w_q.weight, fused.log_omega])
+    gw2 = torch.autograd.grad(mat(x, pos, mask).pow(2).sum(), [mat.w_q.weight, mat.log_omega])
+    for a, b in zip(gw1, gw2):
+        torch.testing.assert_close(a, b)
 
 
 def test_report_ratios():

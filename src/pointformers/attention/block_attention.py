@@ -36,7 +36,7 @@ DEFAULT_GROUP_CHUNK: int | None = None
 #: logits are clamped to −87 first: exp(−87) ≈ 1.6e−38 instead of an underflowed 0. With at
 #: most T·b such terms per query this moves a sum by < 1e−35, far below the 1e−20 per-table
 #: denominator guard, so outputs are unchanged.
-_LOGIT_FLOOR = -87.0
+LOGIT_FLOOR = -87.0
 
 #: Target number of score entries per chunk (fits in a core's L2 with its operands).
 DEFAULT_CHUNK_ELEMS = 1 << 18
@@ -60,7 +60,7 @@ def _rows(mat: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 def _scores(logits: torch.Tensor) -> torch.Tensor:
     """exp(clamp(logits, −87, 0)), in place. (c, b, b)."""
-    return logits.clamp_(_LOGIT_FLOOR, 0.0).exp_()
+    return logits.clamp_(LOGIT_FLOOR, 0.0).exp_()
 
 
 def augment_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor):
@@ -306,7 +306,7 @@ def static_block_sums(qa: torch.Tensor, ka: torch.Tensor, va: torch.Tensor, iq: 
             oq, ok = iq[g0:g1, t], ik[g0:g1, t]  # (g, n)
             sq = torch.cat([oq + base, pad], 1)[:, blk]  # (g, nb, b) rows in block order
             sk = torch.cat([ok + base, pad], 1)[:, blk]
-            scores = torch.matmul(rows_q[sq], rows_k[sk].transpose(-1, -2)).clamp(_LOGIT_FLOOR, 0.0).exp()
+            scores = torch.matmul(rows_q[sq], rows_k[sk].transpose(-1, -2)).clamp(LOGIT_FLOOR, 0.0).exp()
             res = torch.matmul(scores, rows_v[sk]).flatten(0, 2)  # (g·nb·b, Dv) in block order
             # query i of group j sits at slot j·nb·b + rank_t(i)
             inv = torch.empty_like(oq).scatter(1, oq, ranks.expand(g, N))
@@ -314,6 +314,39 @@ def static_block_sums(qa: torch.Tensor, ka: torch.Tensor, va: torch.Tensor, iq: 
             acc = back if acc is None else acc + back
         outs.append(acc)
     return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+
+
+def materialized_sorted_block_attention(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
+                                        heads: int, sort_heads, block_size: int) -> torch.Tensor:
+    """The straightforward path, as the HEPT authors' code computes it: every block's score matrix
+    of every table and head materialised at once, exponentiated, kept by autograd for the backward
+    pass. The reference the fused path is tested against, and the baseline of its benchmark.
+
+    Same arguments and result as :func:`projected_sorted_block_attention` (``sort_heads`` required;
+    P a multiple of b).
+    """
+    P = xp.shape[0]
+    rows = []
+    for w in (wq, wk):
+        r = torch.matmul(xp, w.T).view(P, heads, -1)
+        D = r.shape[-1] - 2
+        norm = -0.5 * r[..., :D].pow(2).sum(-1, keepdim=True)  # differentiable here: autograd does the chain rule
+        r = torch.cat([r[..., :D], norm, r[..., D + 1:]], -1) if w is wq else torch.cat([r[..., :D + 1], norm], -1)
+        rows.append(r.reshape(P * heads, -1))
+    qa, ka = rows
+    va = torch.matmul(xp, wv.T).view(P * heads, -1)
+    with torch.no_grad():
+        iq, ik = sort_heads(qa.view(P, heads, -1), ka.view(P, heads, -1))  # (G, T, n) row numbers into P·H rows
+    G, T, n = iq.shape
+    b = block_size
+    Q = qa[iq].view(G, T, n // b, b, -1)
+    K = ka[ik].view(G, T, n // b, b, -1)
+    V = va[ik].view(G, T, n // b, b, -1)
+    scores = torch.matmul(Q, K.transpose(-1, -2)).clamp(LOGIT_FLOOR, 0.0).exp()
+    res = torch.matmul(scores, V).reshape(G * T * n, -1)  # sorted order: numerators and denominator
+    acc = torch.zeros_like(va).index_add(0, iq.reshape(-1), res)  # Σ over tables, back in row order
+    out = acc[:, :-1] / (acc[:, -1:] + T * DENOM_EPS)
+    return out.view(P, -1)
 
 
 def _static_projected(xp, wq, wk, wv, heads: int, sort_head, block_size: int, group_chunk) -> torch.Tensor:

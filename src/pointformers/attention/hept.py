@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from .base import is_tracing
-from .block_attention import DEFAULT_CHUNK_ELEMS, DEFAULT_GROUP_CHUNK, projected_sorted_block_attention
+from .block_attention import (DEFAULT_CHUNK_ELEMS, DEFAULT_GROUP_CHUNK, materialized_sorted_block_attention,
+                              projected_sorted_block_attention)
 from .flop_count import FlopCount, block_core, e2lsh_hash, projections
 from .hept_regions import HEPTContext, HEPTRegions
 from .kernel import KernelAttention
@@ -93,6 +94,10 @@ class HEPTAttention(KernelAttention):
             all at once off the CPU (see :func:`.block_attention.projected_sorted_block_attention`;
             a speed knob, not semantics).
         group_chunk: heads per block-attention chunk in export mode (a memory knob; None = all).
+        implementation: ``"fused"`` (default: chunked blocks, recomputing backward,
+            :func:`.block_attention.projected_sorted_block_attention`) or ``"materialized"``
+            (every block's scores at once, as the authors' code: the reference path and the
+            benchmark baseline). Same function; export mode uses its own static path.
         generator: optional torch.Generator for the frozen random draws.
     Shapes: x (B, N, D), pos (B, N, c), mask (B, N) -> (B, N, D).
     """
@@ -102,7 +107,7 @@ class HEPTAttention(KernelAttention):
                  tie_first_two: bool = True, omega_init: float = 10.0, own_regions: bool = True,
                  chunk_elems: int = DEFAULT_CHUNK_ELEMS, generator: torch.Generator | None = None,
                  all_heads: bool | None = None, group_chunk: int | None = DEFAULT_GROUP_CHUNK,
-                 shared: HEPTRegions | None = None):
+                 shared: HEPTRegions | None = None, implementation: str = "fused"):
         if coord_dim < 2:
             raise ValueError(f"coord_dim must be >= 2 (η and φ drive HEPT's region hashing), got {coord_dim}")
         if not isinstance(block_size, int) or block_size < 1:
@@ -115,6 +120,9 @@ class HEPTAttention(KernelAttention):
         self.chunk_elems = chunk_elems
         self.all_heads = all_heads
         self.group_chunk = group_chunk
+        if implementation not in ("fused", "materialized"):
+            raise ValueError(f"implementation must be 'fused' or 'materialized', got {implementation!r}")
+        self.implementation = implementation
         alpha = torch.randn(heads, self.head_dim + coord_dim, n_hashes, generator=generator)
         self.register_buffer("alpha", alpha)
         own = own_regions and shared is None
@@ -208,9 +216,13 @@ class HEPTAttention(KernelAttention):
             pos = torch.cat([pos, pos.new_zeros(B, Np - N, pos.shape[-1])], 1)
         H, d = self.heads, self.head_dim
         xp, wq, wk, wv = self.projection_inputs(x, pos, ctx.mask)
-        o = projected_sorted_block_attention(
-            xp, wq, wk, wv, H, lambda qa, ka, h: self.head_sort_orders(qa, ka, ctx, h), self.block_size,
-            self.chunk_elems, sort_heads=lambda qa, ka: self.sort_indices(qa.view(B, Np, H, -1), ka.view(B, Np, H, -1), ctx),
-            all_heads=self.all_heads, static=self.exportable, group_chunk=self.group_chunk)
+        sort_heads = lambda qa, ka: self.sort_indices(qa.view(B, Np, H, -1), ka.view(B, Np, H, -1), ctx)  # noqa: E731
+        if self.implementation == "materialized" and not self.exportable:
+            o = materialized_sorted_block_attention(xp, wq, wk, wv, H, sort_heads, self.block_size)
+        else:
+            o = projected_sorted_block_attention(
+                xp, wq, wk, wv, H, lambda qa, ka, h: self.head_sort_orders(qa, ka, ctx, h), self.block_size,
+                self.chunk_elems, sort_heads=sort_heads, all_heads=self.all_heads, static=self.exportable,
+                group_chunk=self.group_chunk)
         y = self.out_linear(o.view(B, Np, H * d))  # rows are (b, i, h): heads concatenated h-major
         return self.zero_padding(y, ctx.mask)[:, :N]

@@ -78,14 +78,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..attention.block_attention import LOGIT_FLOOR
+from ..attention.kernel import DENOM_EPS
 from .flops import block_core, dense_core, e2lsh_hash, favor_core, rff_trig_core
 from .harness import front, write_section
 
 F64 = torch.float64
-#: Lower clamp of the block kernel's logits (see :mod:`pointformers.attention.block_attention`).
-LOGIT_FLOOR = -87.0
-#: Per-table denominator guard of the block kernel.
-DENOM_EPS = 1e-20
 #: Regions (HEPT) / aux-bucket products (OR & AND without coordinates): G = n / (NEIGHBOURHOODS_PER_REGION · κ),
 #: κ = the mean number of keys a query's kernel reaches (A_uv > e^{−4.5}): a region holds a few
 #: neighbourhoods, whatever the block size ("tuned to the local inductive bias", as the paper tunes G).

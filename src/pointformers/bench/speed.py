@@ -6,7 +6,7 @@ tracking events (the first N hits of an event with enough pile-up). Mechanisms:
 
 * ``hept``               — :class:`pointformers.attention.HEPTAttention` (fused, recomputing backward)
 * ``hept-materialized``  — the same model and weights computed as the authors' code does
-                           (every block's scores materialised), see :mod:`.materialized_hept`
+                           (every block's scores materialised: HEPT's ``implementation="materialized"``)
 * ``full``               — softmax attention via ``scaled_dot_product_attention``
 * ``kernel``             — dense HEPT kernel (the exact target)
 
@@ -28,14 +28,10 @@ QUADRATIC_MAX_N = 20000
 
 def build_model(mechanism: str):
     from ..models import build
-    from .materialized_hept import MaterializedHEPTAttention
 
     torch.manual_seed(0)
-    if mechanism == "hept-materialized":
-        model = build("hept-tracking")
-        for blk in model.blocks:  # same parameters, unfused computation
-            blk.mixer.__class__ = MaterializedHEPTAttention
-        return model
+    if mechanism == "hept-materialized":  # same parameters, HEPT's materialized reference path
+        return build("hept-tracking", attention_options={"implementation": "materialized"})
     return build("tracking-encoder", attention=mechanism)
 
 
