@@ -32,7 +32,7 @@ from .kernel import DENOM_EPS
 #: at once. A memory/speed knob of the exported graph (see :func:`static_block_sums`).
 DEFAULT_GROUP_CHUNK: int | None = None
 
-#: Lower clamp of the logits. CPU exp takes a slow path below about −88 (5–10× slower), so
+#: Lower clamp of the logits. CPU exp takes a much slower path below about −88, so
 #: logits are clamped to −87 first: exp(−87) ≈ 1.6e−38 instead of an underflowed 0. With at
 #: most T·b such terms per query this moves a sum by < 1e−35, far below the 1e−20 per-table
 #: denominator guard, so outputs are unchanged.
@@ -168,7 +168,7 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
     Why per head: a head's rows (P × 32 floats, 7.7 MB at 60k points) stay in the last-level
     cache through its gathers and ``index_add_``, and no temporary is larger than one head's
     rows, so large clouds do not pay the page faults of fresh 50-100 MB allocations per layer
-    (together 25 % of a 60k-point forward on a 2-core CPU). Only xp, the weights and the sort
+    (docs/benchmarks.md, "Notes from measurements"). Only xp, the weights and the sort
     orders are saved; the backward pass recomputes each head's rows (a few cheap GEMMs), so a
     layer keeps less than full attention keeps (q, k, v and the output).
     """

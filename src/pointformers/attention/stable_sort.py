@@ -1,12 +1,12 @@
 """A fast stable argsort along the last dimension (HEPT sorts every head's hashes in every layer).
 
-On the CPU, ``torch.argsort(stable=True)`` on float32 runs a comparison sort at ~100 ns per
-element; HEPT's per-layer sorts took 14 % of a 60k-point forward pass. Here each float32 key
+On the CPU, ``torch.argsort(stable=True)`` on float32 runs a comparison sort, and HEPT's per-layer
+sorts were a large share of a 60k-point forward pass. Here each float32 key
 is mapped to an order-preserving int32, packed with its index into one int64
 ``(key << 32) | index`` and sorted with numpy's vectorised int64 sort: all keys are then
 distinct, so any sort order equals the stable one (ties broken by index), and the result is
-exactly ``torch.argsort(x, dim=-1, stable=True)``, about 10× faster. Other devices and dtypes
-use ``torch.argsort`` itself.
+exactly ``torch.argsort(x, dim=-1, stable=True)``, several times faster (docs/benchmarks.md,
+"Notes from measurements"). Other devices and dtypes use ``torch.argsort`` itself.
 """
 from __future__ import annotations
 
