@@ -1,4 +1,4 @@
-"""Physics and bookkeeping tests of the pile-up event generator (specs/synthetic-data.md §2)."""
+"""Physics and bookkeeping tests of the pile-up event generator (the stand-in for HEPT's Pileup-10k)."""
 from __future__ import annotations
 
 import numpy as np
@@ -55,7 +55,7 @@ def test_species_fractions_and_categories(small_events) -> None:
     want = np.asarray(PileupParams().species_fractions)
     assert len(c) > 8000
     np.testing.assert_allclose(frac, want, atol=0.015)
-    # The spec's mix: charged 60-65 %, photons ~25 %, neutral hadrons ~10 %.
+    # The generator's intended mix: charged 60-65 %, photons ~25 %, neutral hadrons ~10 %.
     assert 0.60 <= frac[0] <= 0.65 and 0.23 <= frac[1] <= 0.29 and 0.08 <= frac[2:].sum() <= 0.14
     # Charged particles are pi/K/p with the charge as the sign of the PDG code; neutrals have q = 0.
     charged = q != 0

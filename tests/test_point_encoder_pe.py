@@ -1,4 +1,4 @@
-"""PointTransformerJK's learned positional encoding (HEPT's transformer baselines, spec §5)."""
+"""PointTransformerJK's learned positional encoding (HEPT's transformer baselines, HEPT paper Sec. 6.2)."""
 import pytest
 import torch
 

@@ -8,7 +8,7 @@ rotate them; an anisotropic scaling ``diag(s)`` maps them by ``diag(1/s)`` then 
 
 Defaults, by source:
 
-* SFT (§D): coordinates times one scalar ~ U[0.6, 1.4] -> :func:`random_scale`
+* SFT (SFT paper, App. D.3): coordinates times one scalar ~ U[0.6, 1.4] -> :func:`random_scale`
   (``low=0.6, high=1.4``, isotropic). :func:`paper_augmentation("sft")`.
 * Sampled Transformer fine-tuning = Point-BERT's ``PointcloudScaleAndTranslate``: per-axis
   scale ~ U[2/3, 3/2] and shift ~ U[-0.2, 0.2] -> :func:`scale_and_translate`.

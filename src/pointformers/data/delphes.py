@@ -3,10 +3,10 @@
 HEPT reads the ``Delphes`` TTree of ``testTTbar_part1.root`` / ``testTTbar_part2.root`` and,
 per event, the particle-flow collection ``PF`` with the per-particle leaves
 ``PF.PT, PF.Eta, PF.Phi, PF.Charge, PF.IsPU, PF.PID, PF.Rapidity, PF.E, PF.Px, PF.Py``
-(spec hept.md §4.3). Delphes writes ``PF`` as a split ``TClonesArray``, so the leaves are
-sub-branches with paths ``PF/PF.PT``, ...; uproot cannot write ``TClonesArray`` objects, so
-:func:`write_delphes` writes the nearest structure it can: one jagged branch per leaf, named
-``PF.PT``, ... (no parent), with the counter ``PF_size``. The reader accepts both layouts (and
+(as the HEPT authors' code reads them). Delphes writes ``PF`` as a split ``TClonesArray``, so
+the leaves are sub-branches with paths ``PF/PF.PT``, ...; uproot cannot write ``TClonesArray``
+objects, so :func:`write_delphes` writes the nearest structure it can: one jagged branch per leaf,
+named ``PF.PT``, ... (no parent), with the counter ``PF_size``. The reader accepts both layouts (and
 ``PF_PT``-style names, uproot's default for jagged records).
 
 Reading needs ``uproot`` (and ``awkward``, which uproot depends on): ``pip install

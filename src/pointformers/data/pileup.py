@@ -1,4 +1,4 @@
-"""A particle-level pile-up simulation for HEPT's Pileup-10k task (spec ``synthetic-data.md`` §2).
+"""A particle-level pile-up simulation standing in for HEPT's Pileup-10k data (HEPT paper, App. A).
 
 One event is the leading collision (LC) plus ``Poisson(mu)`` pile-up collisions (PCs); one
 point is one reconstructed particle. The task asks, for every *neutral* particle, whether it
@@ -58,7 +58,7 @@ GENERATOR_VERSION = 1
 
 SPLITS = ("train", "val", "test")
 
-#: HEPT's PID categories, in category order (spec hept.md §4.3).
+#: HEPT's PID categories, in category order (the HEPT authors' code).
 PID_CATEGORIES: tuple[str, ...] = ("charged", "photon", "K0L", "K0S", "neutron", "Lambda", "Xi0")
 
 #: |PDG code| of the neutral species of categories 1..6.
@@ -77,7 +77,7 @@ _HAS_ANTI = np.array([False, False, False, False, True, True, True])
 
 
 def pid_category(pdg: np.ndarray, charge: np.ndarray) -> np.ndarray:
-    """HEPT's PID category of each particle, ``(n,)`` int64 (spec hept.md §4.3).
+    """HEPT's PID category of each particle, ``(n,)`` int64 (as the HEPT authors' code maps PDG codes).
 
     Charged particles (charge ≠ 0) are category 0 whatever their PDG code; neutral ones map
     γ (22) → 1, K⁰_L (130) → 2, K⁰_S (310) → 3, n (±2112) → 4, Λ (±3122) → 5, Ξ⁰ (±3322) → 6.

@@ -1,13 +1,13 @@
 """Set data: Gaussian mixtures for amortised clustering and a 3-D pair-potential regression set.
 
-**Amortised clustering** (``specs/synthetic-data.md`` §5; Sampled Transformer App. C, after
+**Amortised clustering** (Sampled Transformer paper, App. C and Table 8, after
 Set Transformer's ``mixture_of_mvns.py``/``mvn_diag.py``): each set has n ~ U{n_min..n_max}
 (paper: [100, 500]) points in 2-D from a mixture of k = 4 Gaussians with weights
 π ~ Dirichlet(1), means μ_j ~ U[-4, 4]^2 and fixed std σ = 0.3 per axis; the true
 (π, μ, σ) and component labels are kept. The metric's log-likelihood (Eq. 6) is
 :func:`mixture_log_likelihood`; Set Transformer averages it over all points.
 
-**Pair-potential regression** (§6, FLT's 3-D relative-position setting): random atom
+**Pair-potential regression** (a stand-in for FLT's 3-D relative-position setting): random atom
 configurations whose target energy is an exact, local, rotation- and translation-invariant
 sum of pair energies ``E = Σ_{i<j} φ_{s_i s_j}(|x_i - x_j|)`` with a smooth cutoff:
 

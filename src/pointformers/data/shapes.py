@@ -1,6 +1,6 @@
 """Procedural 3-D shapes with exact normals and part labels (ModelNet40 / ShapeNetPart stand-in).
 
-Generator (``specs/synthetic-data.md`` §3):
+Generator:
 
 * Primitives sampled uniformly by area with exact outward normals, in their local frame:
   surfaces of revolution about the local z axis built from line, elliptic-arc and smooth

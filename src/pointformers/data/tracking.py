@@ -630,9 +630,10 @@ class TrackingParams:
 
 
 #: Named parameter sets (sizes measured with generator version 3). ``tiny``: unit tests (~380
-#: hits per cloud, ~10 ms per event). ``small``: CPU demo, 150 clouds of ~1.5k hits (μ = 10,
-#: two φ-halves per event): the hit density in (η, φ) of μ = 10, a twentieth of Tracking-6k's,
-#: so a few minutes of CPU training learn it (kNN in (η, φ) scores AP@k ≈ 0.77 on it).
+#: hits per cloud, cheap enough to generate inside every test). ``small``: CPU demo, 150 clouds
+#: of ~1.5k hits (μ = 10, two φ-halves per event): the hit density in (η, φ) of μ = 10, a
+#: twentieth of Tracking-6k's, so a few minutes of CPU training learn it (kNN in (η, φ) scores
+#: AP@k ≈ 0.77 on it).
 #: ``tracking-6k`` / ``tracking-60k``: HEPT's data sets (500 / 50 clouds; μ = 200 gives ~71k
 #: hits per event, ~7.5k per Tracking-6k cloud, where real TrackML events average 57k and
 #: 6.8k: see the module docstring; kNN in (η, φ) scores AP@k ≈ 0.48 on Tracking-6k clouds).

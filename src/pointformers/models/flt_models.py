@@ -1,4 +1,5 @@
-"""FLT encoders (papers/001, specs/flt.md §4): sequences with a 1-D RPE, 3-D regression with a Gaussian RPE.
+"""FLT encoders (FLT paper, Choromanski et al., Sec. 5): sequences with a 1-D RPE, 3-D regression
+with a Gaussian RPE.
 
 Both stack pre-LN blocks (:class:`~pointformers.nn.transformer_block.TransformerBlock`, GeLU FFN)
 whose token mixer is :class:`~pointformers.attention.flt.FLTAttention`: FAVOR+ linear attention
@@ -7,13 +8,14 @@ O(N) time.
 
 * ``flt-seq`` — :class:`FLTSequenceClassifier`: token embedding, positions r_j = j (ℓ = 1), the
   Gaussian-mixture RPE (or the local RPE, ``rpe_type="local"``), masked mean pooling, MLP head.
-  Paper LM (§4.1, :data:`PAPER_LM`): 6 layers, 8 heads, hidden 512, FFN 2048, m = 64, r = 32,
+  Paper LM (App. B.1, :data:`PAPER_LM`): 6 layers, 8 heads, hidden 512, FFN 2048, m = 64, r = 32,
   dropout 0.1; RPE masks differ between heads and are **shared across layers** (``share_rpe``).
 * ``flt-3d-reg`` — :class:`FLT3DRegressor`: per-atom features → D, the isotropic 3-D Gaussian-basis
-  RPE of §5.3 (g(ξ) = Σ_t w_t exp(−2π²σ_t²‖ξ‖²), T = 32, r = 16, learnable proposal stds σ_i), and
-  an energy head (per-atom MLP, summed over the atoms, as Graphormer-3D's energy head).
-  Paper OC20 (§4.3, :data:`PAPER_OC20`): 12 layers, 48 heads, hidden 768, FFN 2048, m = 64. The
-  output is exactly translation-invariant; rotation-invariant in distribution over ξ.
+  RPE of the FLT paper's Sec. 5.3 (g(ξ) = Σ_t w_t exp(−2π²σ_t²‖ξ‖²), T = 32, r = 16, learnable
+  proposal stds σ_i), and an energy head (per-atom MLP, summed over the atoms, as Graphormer-3D's
+  energy head).
+  Paper OC20 (Sec. 5.3, App. B.3, :data:`PAPER_OC20`): 12 layers, 48 heads, hidden 768, FFN 2048,
+  m = 64. The output is exactly translation-invariant; rotation-invariant in distribution over ξ.
 
 ``attention="flt_exact"`` is the quadratic twin with the *same* learned RPE: exact
 softmax(f(r_i − r_j) + q·k/√d) attention (:class:`ExactRPEAttention`, FLT's reference path), which
@@ -34,9 +36,10 @@ from ..nn.pooling import masked_mean, masked_sum
 from ..nn.transformer_block import TransformerBlock
 from .registry import register_model
 
-#: WikiText-103 LM settings (§4.1), to combine with ``vocab_size``/``num_classes``.
+#: WikiText-103 LM settings (FLT paper, App. B.1), to combine with ``vocab_size``/``num_classes``.
 PAPER_LM = dict(dim=512, depth=6, heads=8, nb_features=64, num_rpe_features=32, ffn_mult=4, dropout=0.1)
-#: OC20 IS2RE settings (§4.3; T = 32 Gaussian basis functions, r = 16 frequencies).
+#: OC20 IS2RE settings (FLT paper, Sec. 5.3, App. B.3; T = 32 Gaussian basis functions, r = 16
+#: frequencies).
 PAPER_OC20 = dict(dim=768, depth=12, heads=48, nb_features=64, num_rpe_features=16, num_components=32,
                   ffn_hidden=2048)
 
@@ -138,7 +141,8 @@ class FLT3DRegressor(nn.Module):
         dim, depth, heads: the transformer; ffn_hidden: FFN width (default 4·dim; paper 2048).
         nb_features, num_rpe_features, num_components: m, r, T of the 3-D Gaussian-basis RPE.
         learn_proposal: learnable proposal stds σ_i (paper: yes).
-        share_rpe: one RPE shared by all layers (the spec's reading of the 0.03M-parameter budget).
+        share_rpe: one RPE shared by all layers (the paper states sharing only for LM; where it is silent
+            we read its < 0.03M RPE-parameter budget as sharing).
         dropout: residual dropout.
         attention: ``"flt"``, ``"flt_exact"`` or another registry key; attention_options: extra options.
     Shapes: forward(x (B, N, F) | None, pos (B, N, 3), mask (B, N)) -> energy (B,).

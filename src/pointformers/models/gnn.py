@@ -1,7 +1,7 @@
 """GNN baselines of HEPT's Table 1 for tracking: DGCNN (EdgeConv) and GravNet on kNN graphs built on the fly.
 
-Both follow the authors' baseline skeleton (spec ``hept.md`` §3.2, §5; ``gnns.py`` of the
-authors' repository) so that only the token mixer differs from HEPT:
+Both follow the HEPT authors' baseline skeleton (HEPT paper, Sec. 6.2 and App. C.2; ``gnns.py`` of
+the authors' repository, Graph-COM/HEPT) so that only the token mixer differs from HEPT:
 
     h₀ = feat_encoder(x)  (Linear → ReLU → Linear)
     for each layer:  h ← h + Drop(conv(pre(h)))      pre = LayerNorm → Linear

@@ -10,7 +10,8 @@ import torch
 from .point_encoder import PointTransformerJK
 from .registry import register_model
 
-#: The configuration of the authors' tracking models (reference/README.md; hept.md §3.3).
+#: The configuration of the HEPT authors' tracking models (their published Tracking-60k checkpoint and
+#: configs; HEPT paper, App. C.1).
 TRACKING_DEFAULTS = dict(in_dim=15, coord_dim=6, dim=24, heads=8, head_dim=24, n_layers=4, out_dim=12,
                          mlp_hidden=256, mlp_layers=5, block_size=100, n_hashes=3, num_regions=150)
 
@@ -35,7 +36,7 @@ def _omega_from_w_rpe(w: torch.Tensor, heads: int, head_dim: int, num_w_per_dist
 
 def convert_reference_state_dict(ref: "OrderedDict[str, torch.Tensor]", n_layers: int = 4, heads: int = 8,
                                  head_dim: int = 24, num_w_per_dist: int = 10) -> "OrderedDict[str, torch.Tensor]":
-    """Map the authors' key layout (reference/README.md) onto :class:`PointTransformerJK`'s.
+    """Map the HEPT authors' checkpoint keys (their code's module names) onto :class:`PointTransformerJK`'s.
 
     Raises ValueError listing missing or unexpected keys. The unused ``w_rpe.bias`` is dropped
     after its presence is checked; ``w_rpe.weight`` becomes ``log_omega`` = log ω′ exactly.

@@ -23,8 +23,8 @@ from ..attention import is_tracing
 from .point_encoder import PointTransformerJK
 from .registry import register_model
 
-#: The authors' pile-up configuration (spec hept.md §3.2-§3.3): 8 input columns (PID last),
-#: coordinates (η, φ, η, φ), width 24, 8 heads of 24, 4 layers, 12-d JK output, G = 140.
+#: The HEPT authors' pile-up configuration (their code and configs; HEPT paper, App. C): 8 input
+#: columns (PID last), coordinates (η, φ, η, φ), width 24, 8 heads of 24, 4 layers, 12-d JK output, G = 140.
 PILEUP_DEFAULTS = dict(in_dim=8, coord_dim=4, dim=24, heads=8, head_dim=24, n_layers=4, out_dim=12,
                        mlp_hidden=256, mlp_layers=5, block_size=100, n_hashes=3, num_regions=140,
                        num_pid=7, pid_dim=10)

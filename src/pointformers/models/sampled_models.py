@@ -1,18 +1,19 @@
-"""Sampled Transformer point-set classifiers (papers/003, specs/sampled-transformer.md §3.4–3.5).
+"""Sampled Transformer point-set classifiers ("Sampled Transformer for Point Sets", Sec. 5.2–5.3).
 
 * ``sampled-cls`` — :class:`SampledBasicClassifier`, the paper's "basic classification setting"
-  (§5.2): two separate MLPs with hidden dims [64, 256] embed the normals (features) and the xyz
+  (Sec. 5.2): two separate MLPs with hidden dims [64, 256] embed the normals (features) and the xyz
   (position); their outputs are **added** and fed to **one** transformer layer (Eq. 5: sampled
   Hamiltonian-cycle attention, h = 8 heads of d = 32, FFN width r = 256); the n × 256 output is
   max-pooled and **one FC layer** maps it to the classes. The attention is swappable
   (``attention="full" | "knn" | ...``, and ``attention_options={"mode": "sparse"}``): the paper's
   dense / kNN / sparse variants on the same layout (Tables 3–4).
-* ``sampled-hier-cls`` — :class:`SampledHierarchicalClassifier`, the hierarchical model (§5.3) in the
-  Point Transformer framework: every stage does farthest point sampling, kNN grouping, MLP + max
+* ``sampled-hier-cls`` — :class:`SampledHierarchicalClassifier`, the hierarchical model (Sec. 5.3) in
+  the Point Transformer framework: every stage does farthest point sampling, kNN grouping, MLP + max
   pooling ("transition down") and transformer blocks with scalar attention. Paper: t = 5 stages,
-  kNN k {8, 16, 16, 16, 16}, strides {4, 4, 4, 4, 4} (the spec resolves to Point Transformer's
-  [1, 4, 4, 4, 4]: the first stage keeps all points), dims {32, 64, 128, 256, 512}, blocks
-  {2, 3, 4, 6, 3}; global max pool and an MLP classifier (spec §9.14).
+  kNN k {8, 16, 16, 16, 16}, strides {4, 4, 4, 4, 4} (with 1024 points that leaves too few for
+  k = 16, so we use the public Point Transformer code's [1, 4, 4, 4, 4]: the first stage keeps all
+  points), dims {32, 64, 128, 256, 512}, blocks {2, 3, 4, 6, 3}; where the paper is silent, we end
+  with a global max pool and an MLP classifier.
 
 Paper option dicts: :data:`PAPER_BASIC`, :data:`PAPER_HIERARCHICAL`; the constructor defaults are
 small. Inputs: ``x`` (B, N, F) per-point features (normals; F = ``in_dim``, 0 = none), ``pos``
@@ -39,9 +40,9 @@ from ..nn.model_inputs import check_point_inputs
 from ..nn.pooling import masked_max
 from .registry import register_model
 
-#: The basic setting (§5.2): MLPs [64, 256]; one layer with h = 8, d = 32, r = 256; FC to 40 classes.
+#: The basic setting (Sec. 5.2): MLPs [64, 256]; one layer with h = 8, d = 32, r = 256; FC to 40 classes.
 PAPER_BASIC = dict(num_classes=40, in_dim=3, dim=256, mlp_hidden=64, heads=8, head_dim=32, ffn_hidden=256)
-#: The hierarchical model (§5.3 with the spec's [1, 4, 4, 4, 4] strides).
+#: The hierarchical model (Sec. 5.3 with Point Transformer's [1, 4, 4, 4, 4] strides).
 PAPER_HIERARCHICAL = dict(num_classes=40, in_dim=3, dims=(32, 64, 128, 256, 512), blocks=(2, 3, 4, 6, 3),
                           neighbours=(8, 16, 16, 16, 16), strides=(1, 4, 4, 4, 4), head_dim=32)
 _EVAL_CYCLES = ("coordinates", "attention")
@@ -236,8 +237,10 @@ class SampledHierarchicalClassifier(nn.Module):
         ffn_mult: FFN hidden = ffn_mult · dim (Eq. 1c's r).
         attention: ``"sampled"`` (paper), ``"knn"`` (the paper's kNN attention, k = the stage's
             neighbours), ``"full"``, ...; attention_options: extra mechanism options.
-        layout, eval_cycle: as :class:`SampledBasicClassifier` (default layout pre-LN, spec §9.6).
-    Every block adds the stage's absolute position embedding Linear(3, C)·xyz to its input (spec §9.14).
+        layout, eval_cycle: as :class:`SampledBasicClassifier` (default layout pre-LN: the paper's
+            Eq. 5 block has no LayerNorm, and it does not say what its deeper models used).
+    Every block adds the stage's absolute position embedding Linear(3, C)·xyz to its input (where the
+    paper is silent on positional encoding in scalar attention, we add W_P·xyz at each block).
     Shapes: forward(x (B, N, F) | None, pos (B, N, 3), mask (B, N)) -> logits (B, C).
     """
 

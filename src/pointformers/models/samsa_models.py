@@ -1,19 +1,19 @@
-"""SAMSA models for point clouds and sequences (papers/002, specs/samsa.md §3).
+"""SAMSA models for point clouds and sequences (SAMSA paper, Lenhat et al., Sec. 5 and App. B).
 
 The backbone is SAMSA's Algorithm-1 layer stack (:class:`~pointformers.attention.samsa.SAMSAEncoder`:
 pre-RMSNorm, per-head sampled softmax attention with 2k support vectors, GELU FFN ×4 in parallel,
 one zero-initialised ReZero scalar shared by all layers), followed by a final RMSNorm and a task head.
-The paper gives no width, depth, heads, pooling or positional encoding (spec §3.1); the spec's
-suggested shared backbone is D = 256, H = 4, L = 6, k ∈ {128, 256, 512} per head, hard or soft
-sampling (:data:`PAPER_BACKBONE`). Constructor defaults are small so tests run in seconds.
+The paper gives no width, depth, heads, pooling or positional encoding; where it is silent, we use
+one shared backbone, D = 256, H = 4, L = 6, with the paper's k ∈ {128, 256, 512} per head and hard
+or soft sampling (:data:`PAPER_BACKBONE`). Constructor defaults are small so tests run in seconds.
 
 * ``samsa-cls`` — :class:`SAMSAPointClassifier`: tokens = points (``Linear([xyz, features]) → D``, no
   positional encoding: coordinates are features, which keeps permutation equivariance); masked
-  max ‖ mean pooling → MLP → classes (spec §3.5).
+  max ‖ mean pooling → MLP → classes (the paper gives no head; where it is silent, we pool so).
 * ``samsa-partseg`` — :class:`SAMSAPartSegmenter`: per-point MLP head on the tokens plus a learned
-  embedding of the object category (spec §3.5, standard practice).
+  embedding of the object category (not in the paper; standard practice for ShapeNetPart).
 * ``samsa-seq`` — :class:`SAMSASequenceClassifier`: one-hot tokens (≡ an embedding) plus a learned
-  absolute position embedding (spec §3.3), masked mean pooling → MLP → classes (LRA, e.g. ListOps).
+  absolute position embedding (the paper names no positional encoding), masked mean pooling → MLP → classes (LRA, e.g. ListOps).
 
 ``attention="full"`` (or another registry key) gives the full-attention twin: the very same blocks
 (RMSNorm, ReZero, FFN) with SAMSA's sampled attention replaced by that mechanism ("Full Attention"
@@ -31,7 +31,7 @@ from ..nn.pooling import masked_max, masked_mean
 from .registry import register_model
 from .sft_models import check_category
 
-#: The spec's suggested shared SAMSA backbone (the paper states only k per head and the mode).
+#: Our shared SAMSA backbone where the paper is silent (it states only k per head and the mode).
 PAPER_BACKBONE = dict(dim=256, depth=6, heads=4, k=256, mode="hard")
 
 

@@ -11,7 +11,8 @@
 Output: :class:`~pointformers.tasks.metrics.MixtureParams`-compatible ``(log_pi (B, k),
 mu (B, k, d), sigma (B, k, d))``: log π from a log-softmax over the seeds, σ = softplus(·) as in Set
 Transformer's code. The loss is the negative log-likelihood per point (Eq. 6),
-:func:`mixture_nll`. Official hyperparameters (spec §3.7): width 128, 4 heads, no LayerNorm.
+:func:`mixture_nll`. Official hyperparameters (Set Transformer's code, ``juho-lee/set_transformer``): width
+128, 4 heads, no LayerNorm.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SFT point-cloud models (papers/004, specs/sft.md §4): classifier, part segmenter, rotation-invariant variants.
+"""SFT point-cloud models (SFT paper, Sec. 5.2, App. D): classifier, part segmenter, rotation-invariant variants.
 
 * ``sft-cls`` — :class:`SFTPointClassifier`: tokens ``Linear([xyz, normals]) → D``; a stack of SFT
   layers with the relative features ``[‖x_i − x_j‖², n_i·n_j]`` (r = 2); the ModelNet40 head "uses
@@ -6,10 +6,10 @@
   :class:`~pointformers.attention.sft.SFTSampler` with k = 512 bins, max-pool over the soft duplets,
   then a linear layer to the classes.
 * ``sft-partseg`` — :class:`SFTPartSegmenter`: the same encoder and a per-token linear head to the
-  part logits (spec §4 "per-token tasks": a per-token linear head).
-* ``sft-ri-cls`` / ``sft-ri-partseg`` — the rotation-invariant variant (SFT §5.1, Table 1): "input
-  token value are replaced by tensor filled with one"; the only geometric input is the relative
-  features, both SO(3)-invariant, so the model output is exactly invariant to rotations of the
+  part logits (the paper describes no per-token head; where it is silent, we use a linear one).
+* ``sft-ri-cls`` / ``sft-ri-partseg`` — the rotation-invariant variant (SFT paper, Table 1 and
+  App. D.1): "input token value are replaced by tensor filled with one"; the only geometric input is
+  the relative features, both SO(3)-invariant, so the model output is exactly invariant to rotations of the
   cloud (and to translations). The leak of SFT's probability injects the rank that lets the
   all-ones tokens become distinct.
 
@@ -17,8 +17,8 @@ Paper settings (Tables 8–9, experiments 1.1–1.4), as option dicts :data:`PAP
 :data:`PAPER_PARTSEG`: d = 256, 16 heads, 8 layers, k = 256 sampled tokens per layer, head k = 512,
 Drop Token 0.5 (cls) / 0.2 (seg), Q/K dropout 0.1, token dropout 0.1, FFN dropout 0.2, FFN ×4
 GeLU, τ = 1. The constructors' defaults are small (tests run in seconds); configs set paper sizes.
-Norm position: Table 9's row is garbled (spec §9 A6); default pre-LN (post-LN for the
-rotation-invariant variant, whose all-ones input needs the post-LN of the rank-injection study).
+Norm position: Table 9's row is garbled (6 entries for 12 experiments); default pre-LN (post-LN for
+the rotation-invariant variant, whose all-ones input needs the post-LN of the rank-injection study).
 
 ``attention="full"`` (or any other registry key) gives the **full-attention twin**: the same
 embedding, depth, width, heads, norm position, FFN, dropouts and head, with the token mixer
@@ -179,7 +179,7 @@ class SFTPartSegmenter(nn.Module):
     Args:
         num_parts: part classes P (ShapeNetPart 50).
         num_categories: when given, the object category conditions the model (the paper does not say
-            whether it does, spec §9 A10): a category embedding is added to the input tokens (not in
+            whether it does): a category embedding is added to the input tokens (not in
             the rotation-invariant variant, whose tokens are all ones) and a per-category logit bias
             to the head. ``forward`` then needs ``category`` (B,).
         **encoder_options: as :class:`SFTPointEncoder`. Paper options: :data:`PAPER_PARTSEG`.

@@ -4,11 +4,12 @@ MAB(X, Y) = LN(H + rFF(H)),  H = LN(X + Multihead(X, Y, Y))   (LayerNorms option
 amortised-clustering model runs without them). SAB(X) = MAB(X, X); ISAB_m(X) = MAB(X, MAB(I, X))
 with m learned inducing points I; PMA_k(Z) = MAB(S, rFF(Z)) with k learned seeds S.
 
-``attention="sampled"`` is the Sampled Transformer's "loose" sampled cross-attention (App. B.2/C,
-spec §2.8 E and §9.15): every query row attends to **two** uniformly random real keys instead of all
-of them (re-sampled every training forward). In ``eval()`` the draw is seeded by (``seed``, number
-of real keys of the set, query rank), so a set's output does not depend on the other sets of its
-batch or on padding. Scores are scaled by 1/√D of the full width D, as in Set Transformer's code.
+``attention="sampled"`` is the Sampled Transformer's "loose" sampled cross-attention (App. B.2/C:
+"randomly sampling two elements per row"): every query row attends to **two** uniformly random real
+keys instead of all of them (re-sampled every training forward). In ``eval()`` the draw is seeded
+by (``seed``, number of real keys of the set, query rank), so a set's output does not depend on the
+other sets of its batch or on padding. Scores are scaled by 1/√D of the full width D, as in Set
+Transformer's code.
 """
 from __future__ import annotations
 
