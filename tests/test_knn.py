@@ -3,6 +3,7 @@ import pytest
 import torch
 from padded_batches import cloud, scattered_batch
 
+from pointformers.attention import ForwardContext
 from pointformers.attention.full import FullAttention
 from pointformers.attention.knn import KNNAttention, KNNGraph
 from pointformers.attention.registry import build
@@ -101,9 +102,17 @@ def test_deterministic_and_graph_reuse():
     x, pos = x[None], pos[None]
     y = attn.train()(x, pos)
     torch.testing.assert_close(attn.eval()(x, pos), y, atol=0, rtol=0)
-    torch.testing.assert_close(attn(x, pos, graph=attn.knn_graph(pos)), y, atol=0, rtol=0)
+    # layers with equal k share one graph through the context; another k builds its own
+    ctx = ForwardContext(pos)
+    torch.testing.assert_close(attn(x, pos, context=ctx), y, atol=0, rtol=0)
+    twin, other = make(k=4, seed=1), make(k=6)
+    twin(x, pos, context=ctx)
+    assert len(ctx) == 1 and torch.equal(ctx.get(twin.prepare_key(), None).index, attn.knn_graph(pos).index)
+    other(x, pos, context=ctx)
+    assert len(ctx) == 2
+    torch.testing.assert_close(attn(x, pos, context=ctx), y, atol=0, rtol=0)
     with pytest.raises(ValueError, match="graph was built"):
-        attn(x[:, :30], pos[:, :30], graph=attn.knn_graph(pos))
+        attn(x[:, :30], pos[:, :30], context=ctx)
 
 
 def test_single_point_and_all_but_one_padded():
@@ -184,8 +193,11 @@ def test_bad_inputs():
         attn(x, pos[..., :2])
     with pytest.raises(ValueError, match="mask has shape"):
         attn(x, pos, torch.ones(2, 10, dtype=torch.bool))
+    ctx = ForwardContext()
+    ctx.get(attn.prepare_key(), lambda: KNNGraph(torch.zeros(1, 9, 3, dtype=torch.int64),
+                                                 torch.ones(1, 9, 3, dtype=torch.bool)))
     with pytest.raises(ValueError, match="graph was built"):
-        attn(x, pos, graph=KNNGraph(torch.zeros(1, 9, 3, dtype=torch.int64), torch.ones(1, 9, 3, dtype=torch.bool)))
+        attn(x, pos, context=ctx)
     for bad_opt in (dict(k=0), dict(coord_dim=0), dict(chunk_size=0)):
         with pytest.raises(ValueError, match=next(iter(bad_opt))):
             KNNAttention(16, 4, **bad_opt)

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from pointformers.attention import ForwardContext
 from pointformers.attention.knn import masked_softmax_attention
 from pointformers.attention.registry import build
 from pointformers.attention.sampled import SampledAttention, literal_subsets, successors
@@ -17,6 +18,11 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def cyc(attn, order, mask=None):
+    """A context holding an explicit cycle for ``attn``."""
+    return attn.use_order(ForwardContext(), order, mask)
 
 
 def make(dim=16, heads=4, seed=0, **kw):
@@ -74,8 +80,8 @@ def test_roll_kernel_equals_literal_subsets(n_s):
     clouds = [torch.randn(n, 16, generator=g, dtype=torch.float64) for n in (12, 6)]
     x, mask, _ = scattered_batch(clouds, g)
     order = random_order(mask, g)
-    torch.testing.assert_close(roll(x, None, mask, order=order), subsets(x, None, mask, order=order),
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(roll(x, None, mask, context=cyc(roll, order, mask)),
+                               subsets(x, None, mask, context=cyc(subsets, order, mask)), atol=1e-12, rtol=0)
 
 
 def test_kernel_equals_dense_cycle_pattern():
@@ -91,7 +97,7 @@ def test_kernel_equals_dense_cycle_pattern():
     q, k, v = (w(x).view(1, 9, 4, 4).transpose(1, 2) for w in (attn.w_q, attn.w_k, attn.w_v))
     o = masked_softmax_attention(q, k, v, allowed[None], 0.5)
     ref = attn.out_linear(o.transpose(1, 2).reshape(1, 9, 16))
-    torch.testing.assert_close(attn(x, order=order), ref, atol=1e-12, rtol=0)
+    torch.testing.assert_close(attn(x, context=cyc(attn, order)), ref, atol=1e-12, rtol=0)
 
 
 def test_successor_frequency_is_uniform():
@@ -138,7 +144,7 @@ def test_permutation_equivariance_coupled():
     x2, mask2 = x.gather(1, sigma[..., None].expand_as(x)), mask.gather(1, sigma)
     order2 = inv.gather(1, order)
     assert torch.equal(x2.gather(1, order2[..., None].expand_as(x)), x.gather(1, order[..., None].expand_as(x)))
-    y, y2 = attn(x, None, mask, order=order), attn(x2, None, mask2, order=order2)
+    y, y2 = attn(x, None, mask, context=cyc(attn, order, mask)), attn(x2, None, mask2, context=cyc(attn, order2, mask2))
     torch.testing.assert_close(y2, y.gather(1, sigma[..., None].expand_as(y)), atol=1e-12, rtol=0)
 
 
@@ -161,11 +167,11 @@ def test_permutation_equivariance_in_distribution():
     sigma_f = math.sqrt((1 / 6) * (5 / 6) / B)
     assert all(abs(v / B - 1 / 6) < 5 * sigma_f for v in counts.values())
     # exact expectation over all cycles for x, then the Monte-Carlo mean for x[σ]
-    exact = torch.stack([attn(x, order=torch.tensor([c])) for c in cycles]).mean(0)
+    exact = torch.stack([attn(x, context=cyc(attn, torch.tensor([c]))) for c in cycles]).mean(0)
     sigma = torch.tensor([2, 0, 3, 1])
     with torch.no_grad():
         mc = attn(x[:, sigma].expand(B, n, 16)).mean(0, keepdim=True)
-    spread = torch.stack([attn(x, order=torch.tensor([c])) for c in cycles]).std(0).max()
+    spread = torch.stack([attn(x, context=cyc(attn, torch.tensor([c]))) for c in cycles]).std(0).max()
     assert (mc - exact[:, sigma]).abs().max() < 5 * spread / math.sqrt(B)
 
 
@@ -183,6 +189,23 @@ def test_training_draws_fresh_cycles_reproducibly():
     mask = torch.ones(2, 30, dtype=torch.bool)
     o = shared.cycle_order(mask)
     assert torch.equal(o[0], o[1])
+
+
+def test_context_shares_the_sparse_cycle_only():
+    """The fixed sparse cycle is prepared once per context; sampled cycles stay each layer's own draw."""
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    ctx = ForwardContext()
+    for m in (make(mode="sparse"), make(mode="sparse", seed=1)):
+        m.eval()(x, context=ctx)
+    assert len(ctx) == 1
+    one, two = make(seed=0).eval(), make(seed=1).eval()
+    one(x, context=ctx), two(x, context=ctx)
+    assert len(ctx) == 3
+    torch.testing.assert_close(one(x, context=ctx), one(x), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="already holds"):
+        one.use_order(ctx, one.cycle_order(torch.ones(2, 12, dtype=torch.bool)))
+    with pytest.raises(ValueError, match="context's cycle"):
+        one(x[:, :5], context=ctx)
 
 
 def test_eval_cycle_is_seeded():
@@ -210,7 +233,7 @@ def test_sparse_is_the_fixed_input_order_cycle():
         assert torch.equal(order[b, : len(p)], p)
     y = attn.train()(x, None, mask)
     torch.testing.assert_close(attn.eval()(x, None, mask), y, atol=0, rtol=0)
-    torch.testing.assert_close(attn(x, None, mask, order=order), y, atol=0, rtol=0)
+    torch.testing.assert_close(attn(x, None, mask, context=cyc(attn, order, mask)), y, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("options", [dict(), dict(kernel="subsets", n_s=3), dict(mode="sparse")])
@@ -249,7 +272,7 @@ def test_gradients_finite_and_correct():
     mask = torch.rand(2, 7, generator=g) > 0.3
     mask[:, 0] = True
     order = random_order(mask, g)
-    assert torch.autograd.gradcheck(lambda x: attn(x, None, mask, order=order), (x,))
+    assert torch.autograd.gradcheck(lambda x: attn(x, None, mask, context=cyc(attn, order, mask)), (x,))
     xg = torch.randn(2, 7, 8, dtype=torch.float64)
     xg[~mask] = float("nan")  # padding may hold anything
     xg.requires_grad_()
@@ -267,7 +290,8 @@ def test_odd_heads(dim, heads):
     mask = torch.ones(2, 13, dtype=torch.bool)
     mask[1, 9:] = False
     order = random_order(mask, g)
-    torch.testing.assert_close(roll(x, None, mask, order=order), ref(x, None, mask, order=order), atol=1e-12, rtol=0)
+    torch.testing.assert_close(roll(x, None, mask, context=cyc(roll, order, mask)),
+                               ref(x, None, mask, context=cyc(ref, order, mask)), atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
@@ -306,11 +330,11 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="pos must have shape"):
         attn(x, torch.randn(1, 9, 3))
     with pytest.raises(ValueError, match="order"):
-        attn(x, order=torch.zeros(1, 10, dtype=torch.int64))
+        cyc(attn, torch.zeros(1, 10, dtype=torch.int64))
     mask = torch.ones(1, 10, dtype=torch.bool)
     mask[0, 0] = False
     with pytest.raises(ValueError, match="order"):  # a padded point listed among the real ones
-        attn(x, None, mask, order=torch.arange(10)[None])
+        cyc(attn, torch.arange(10)[None], mask)
     for bad_opt in (dict(mode="dense"), dict(kernel="sequential"), dict(n_s=1), dict(perm_scope="head"),
                     dict(eval_cycle="none"), dict(heads=0)):
         with pytest.raises(ValueError, match=next(iter(bad_opt))):
@@ -327,10 +351,10 @@ def test_chunked_cycle_walk_equals_batched_roll(chunk):
     clouds = [torch.randn(n, 16, generator=g, dtype=torch.float64) for n in (12, 6, 1)]
     x, mask, _ = scattered_batch(clouds, g)
     order = random_order(mask, g)
-    ref = attn(x, None, mask, order=order)                 # autograd on: batched path
+    ref = attn(x, None, mask, context=cyc(attn, order, mask))  # autograd on: batched path
     with torch.no_grad():
         got = attn.zero_padding(attn._roll_along_cycle(x.masked_fill(~mask[..., None], 0.0), mask, order, chunk),
                                 mask)
-        assert torch.equal(attn(x, None, mask, order=order), attn._roll_along_cycle(
+        assert torch.equal(attn(x, None, mask, context=cyc(attn, order, mask)), attn._roll_along_cycle(
             x.masked_fill(~mask[..., None], 0.0), mask, order))  # forward without grad takes this path
     torch.testing.assert_close(got, ref.detach(), atol=1e-12, rtol=0)

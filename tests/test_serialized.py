@@ -3,6 +3,7 @@ import pytest
 import torch
 from padded_batches import cloud, scattered_batch
 
+from pointformers.attention import ForwardContext
 from pointformers.attention.full import FullAttention
 from pointformers.attention.registry import build
 from pointformers.attention.serialized import SerializedAttention
@@ -153,7 +154,19 @@ def test_deterministic_and_order_reuse():
     y = attn.train()(x, pos)
     torch.testing.assert_close(attn.eval()(x, pos), y, atol=0, rtol=0)
     order = attn.serialize(pos)
-    torch.testing.assert_close(attn(x, order=order), y, atol=0, rtol=0)  # pos not needed with an order
+    ctx = attn.use_order(ForwardContext(), order)
+    torch.testing.assert_close(attn(x, context=ctx), y, atol=0, rtol=0)  # pos not needed with an order
+    # layers on one curve share the order of a context; another curve sorts for itself
+    ctx = ForwardContext(pos)
+    attn(x, pos, context=ctx)
+    make(seed=1)(x, pos, context=ctx)
+    assert len(ctx) == 1 and torch.equal(ctx.get(attn.prepare_key(), None), order)
+    make(curve="hilbert")(x, pos, context=ctx)
+    assert len(ctx) == 2
+    with pytest.raises(ValueError, match="already holds"):
+        attn.use_order(ctx, order)
+    with pytest.raises(ValueError, match="context's order"):
+        attn(x[:, :30], pos[:, :30], context=ctx)
 
 
 def test_single_point_and_all_but_one_padded():
@@ -235,7 +248,7 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="mask must be a bool"):
         attn(x, pos, torch.ones(1, 10))
     with pytest.raises(ValueError, match="order"):
-        attn(x, pos, order=torch.zeros(1, 10, dtype=torch.int64))
+        attn.use_order(ForwardContext(), torch.zeros(1, 10, dtype=torch.int64))
     with pytest.raises(ValueError, match="bits"):
         make(bits=30)(x, pos)  # 3 axes × 30 bits do not fit an int64 code
     for bad_opt in (dict(patch_size=0), dict(curve="peano"), dict(layer_index=-1), dict(bits=0)):

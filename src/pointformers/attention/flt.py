@@ -32,8 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import TokenMixer, check_attention_inputs
-from .random_features import (GaussianNoise, OrthogonalFeatures, compute_dtype, dense_softmax_attention,
-                              favor_attention, resolve_seed, split_heads)
+from .flop_count import FlopCount, favor_features, favor_products, projections
+from .random_features import (CAUSAL_EXPORT_REFUSAL, GaussianNoise, OrthogonalFeatures, compute_dtype,
+                              dense_softmax_attention, favor_attention, resolve_seed, split_heads)
 from .registry import register
 
 RPE_TYPES = ("gaussian_mixture", "local", "gaussian_basis")
@@ -50,7 +51,20 @@ def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
     return y + torch.log(-torch.expm1(-y))
 
 
-@register("flt")
+def flt_flops(m: "FLTAttention", n: int, dim: int, pos_dim: int | None = None) -> FlopCount:
+    """Projections, the RPE phases, the feature maps of the augmented q̂/k̂ (width d + 2r) and the
+    two FAVOR+ products (see :mod:`.flop_count`)."""
+    H, d = m.heads, m.head_dim
+    r, ell = m.num_rpe_features, m.coord_dim
+    f = FlopCount().add("projections", projections(n, dim, H, d))
+    f.add("rpe phases", H * 2 * n * r * ell, backward=1)  # positions carry no gradient
+    # Ω is a frozen draw: the feature maps' backward forms d(input) only
+    f.add("feature maps", H * favor_features(n, d + 2 * r, m.nb_features), backward=1)
+    return f.add("attention", H * favor_products(n, d, m.nb_features))
+
+
+@register("flt", flops=flt_flops,
+          bench={"nb_features": 256, "num_rpe_features": 32, "rpe_type": "gaussian_basis"})
 class FLTAttention(TokenMixer):
     """FLT: FAVOR+ attention with a learned-Fourier relative positional encoding.
 
@@ -93,6 +107,8 @@ class FLTAttention(TokenMixer):
     a = g/p, and the proposal std through ξ (phases, g(ξ)) and log p.
     Shapes: x (B, N, D), pos (B, N, ℓ) (required; sequences: pos[..., 0] = index),
     mask (B, N) -> (B, N, D).
+    Export mode: the non-causal forward is already a static graph (eval reads the frozen Ω and ε),
+    so it is the export path as is; ``causal=True`` is refused (:meth:`export_refusal`).
     """
 
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, nb_features: int = 64,
@@ -275,8 +291,12 @@ class FLTAttention(TokenMixer):
         return check_attention_inputs(x, pos, mask, dim=self.dim, pos_dim=self.coord_dim, requires_pos=True,
                                       who="flt")
 
+    def export_refusal(self) -> str | None:
+        return CAUSAL_EXPORT_REFUSAL if self.causal else super().export_refusal()
+
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                **unused) -> torch.Tensor:
+                context=None) -> torch.Tensor:
+        """x (B, N, D), pos (B, N, ℓ), mask (B, N) -> (B, N, D); ``context`` is not used."""
         mask = self.check(x, pos, mask)
         omega, eps = self.omega(), self.rpe_noise()  # apply the redraw policies (training only)
         qh, kh, v = self.augmented_qkv(x, pos, mask, eps)

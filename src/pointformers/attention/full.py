@@ -6,10 +6,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import TokenMixer, check_attention_inputs
+from .flop_count import FlopCount, dense_core, projections
 from .registry import register
 
 
-@register("full")
+def full_flops(m: "FullAttention", n: int, dim: int, pos_dim: int | None = None) -> FlopCount:
+    """Projections and the dense n × n core of every head (see :mod:`.flop_count`)."""
+    H, d = m.heads, m.head_dim
+    return FlopCount().add("projections", projections(n, dim, H, d)).add("attention", H * dense_core(n, d, d))
+
+
+@register("full", flops=full_flops, bench={})
 class FullAttention(TokenMixer):
     """softmax(QKᵀ/√d_h) V over all real points of each cloud, with a key-padding mask.
 
@@ -21,6 +28,8 @@ class FullAttention(TokenMixer):
     Shapes: x (B, N, D), mask (B, N) -> (B, N, D). ``pos`` is accepted and ignored.
     Memory: PyTorch's fused SDPA kernels (flash / memory-efficient) avoid the N×N matrix when
     no float mask is needed; the boolean key mask is only passed when a batch has padding.
+    Export mode (:func:`~.base.set_exportable`): the same path, except that a given mask is always
+    passed to SDPA (deciding whether it has padding would read it on the host); mask=None skips it.
     """
 
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, bias: bool = False):
@@ -33,14 +42,20 @@ class FullAttention(TokenMixer):
         self.out_linear = nn.Linear(inner, dim)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                **unused) -> torch.Tensor:
+                context=None) -> torch.Tensor:
+        """x (B, N, D), mask (B, N) or None (no padding) -> (B, N, D); ``context`` is not used."""
+        unpadded = mask is None
         mask = check_attention_inputs(x, pos, mask, dim=self.dim, who="full")
+        if not unpadded:  # padding may hold anything (NaN too): keep it out of the keys and values
+            x = x.masked_fill(~mask[..., None], 0.0)
         B, N, _ = x.shape
         H, d = self.heads, self.head_dim
         q = self.w_q(x).view(B, N, H, d).transpose(1, 2)
         k = self.w_k(x).view(B, N, H, d).transpose(1, 2)
         v = self.w_v(x).view(B, N, H, d).transpose(1, 2)
-        attn_mask = None if bool(mask.all()) else mask[:, None, None, :]
+        # the key mask only when there is padding; export mode cannot look (host read), so a given mask is used
+        no_padding = unpadded or (not self.exportable and bool(mask.all()))
+        attn_mask = None if no_padding else mask[:, None, None, :]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         y = self.out_linear(o.transpose(1, 2).reshape(B, N, H * d))
         return self.zero_padding(y, mask)

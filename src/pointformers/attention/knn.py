@@ -16,8 +16,11 @@ backward pass: ``O(B·N·k·D)``). Time is ``O(N²·P)`` for the search, ``O(N·
 Ties in distance at the k-th place are broken by ``topk`` (implementation-defined); with
 real-valued coordinates they have probability zero, except exact duplicate points.
 
-Nothing is random. The k-NN graph depends on ``pos`` only, so a model can build it once per
-forward pass (:meth:`KNNAttention.knn_graph`) and pass it to every layer as ``graph=``.
+Nothing is random. The k-NN graph depends on ``pos`` and k only: it is the layer's prepared state
+(:meth:`~.base.TokenMixer.prepare`), so the layers with equal k of one forward pass that share a
+:class:`~.base.ForwardContext` search once.
+
+No export path (see :data:`EXPORT_REFUSAL`).
 """
 from __future__ import annotations
 
@@ -26,11 +29,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .base import TokenMixer, check_attention_inputs
+from .base import ForwardContext, TokenMixer, check_attention_inputs
+from .flop_count import FlopCount, dense_core, projections
 from .registry import register
 
 #: Distance entries per chunk of the neighbour search when ``chunk_size`` is not given (64 MiB in float32).
 DEFAULT_CHUNK_ELEMS = 1 << 24
+
+#: Why k-NN attention has no export path.
+EXPORT_REFUSAL = ("its exact k-NN search loops over query chunks whose number depends on the point count "
+                  "(chunk = 2^24 // N rows), which a static graph cannot express, and an unchunked search needs the "
+                  "full N × N distance matrix (13 GiB at 60k points in float32)")
 
 
 def masked_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
@@ -61,7 +70,18 @@ class KNNGraph:
     valid: torch.Tensor
 
 
-@register("knn")
+def knn_flops(m: "KNNAttention", n: int, dim: int, pos_dim: int | None = None) -> FlopCount:
+    """Projections, the exact search (3 per point pair and coordinate, no gradient) and every head's
+    n queries against k' = min(k, n) keys. ``pos_dim``: coordinate columns (default coord_dim or 3)."""
+    H, d = m.heads, m.head_dim
+    k = min(m.k, n)
+    P = pos_dim or m.coord_dim or 3
+    f = FlopCount().add("projections", projections(n, dim, H, d))
+    f.add("neighbour search (cdist, non-matmul)", 3 * n * n * P, grad=False)
+    return f.add("attention", H * dense_core(n, d, d, keys=k))
+
+
+@register("knn", flops=knn_flops, bench={"k": 16, "coord_dim": 3}, export=EXPORT_REFUSAL)
 class KNNAttention(TokenMixer):
     """Softmax attention of every point over its k nearest neighbours (self included).
 
@@ -135,13 +155,20 @@ class KNNAttention(TokenMixer):
         return check_attention_inputs(x, pos, mask, dim=self.dim, pos_dim=self.coord_dim, requires_pos=True,
                                       who="knn")
 
+    def prepare(self, pos: torch.Tensor, mask: torch.Tensor) -> KNNGraph:
+        """The k-NN graph (:meth:`knn_graph`), shared by the layers with this k."""
+        return self.knn_graph(pos, mask)
+
+    def prepare_key(self):
+        return ("knn", self.k)
+
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                graph: KNNGraph | None = None, **unused) -> torch.Tensor:
+                context: ForwardContext | None = None) -> torch.Tensor:
+        """x (B, N, D), pos (B, N, P) (required), mask (B, N) -> (B, N, D)."""
         mask = self._check(x, pos, mask)
         B, N, _ = x.shape
-        if graph is None:
-            graph = self.knn_graph(pos, mask)
-        elif graph.index.shape[:2] != (B, N) or graph.valid.shape != graph.index.shape:
+        graph = self.prepared(pos, mask, context)
+        if graph.index.shape[:2] != (B, N) or graph.valid.shape != graph.index.shape:
             raise ValueError(f"knn: graph was built for {tuple(graph.index.shape[:2])} (B, N), got x {tuple(x.shape)}")
         q, k, v = self._qkv(x, mask)
         H, d = self.heads, self.head_dim

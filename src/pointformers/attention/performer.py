@@ -11,12 +11,22 @@ import torch
 from torch import nn
 
 from .base import TokenMixer, check_attention_inputs
-from .random_features import (OrthogonalFeatures, compute_dtype, dense_softmax_attention, favor_attention,
-                              resolve_seed, split_heads)
+from .flop_count import FlopCount, favor_features, favor_products, projections
+from .random_features import (CAUSAL_EXPORT_REFUSAL, OrthogonalFeatures, compute_dtype, dense_softmax_attention,
+                              favor_attention, resolve_seed, split_heads)
 from .registry import register
 
 
-@register("performer")
+def performer_flops(m: "PerformerAttention", n: int, dim: int, pos_dim: int | None = None) -> FlopCount:
+    """Projections, the feature maps of q and k and the two FAVOR+ products (see :mod:`.flop_count`)."""
+    H, d = m.heads, m.head_dim
+    f = FlopCount().add("projections", projections(n, dim, H, d))
+    # Ω is a frozen draw: the feature maps' backward forms d(input) only
+    f.add("feature maps", H * favor_features(n, d, m.nb_features), backward=1)
+    return f.add("attention", H * favor_products(n, d, m.nb_features))
+
+
+@register("performer", flops=performer_flops, bench={"nb_features": 256})
 class PerformerAttention(TokenMixer):
     """Multi-head FAVOR+ attention with a key-padding mask, non-causal or causal.
 
@@ -38,6 +48,8 @@ class PerformerAttention(TokenMixer):
     it is frozen. Draws are deterministic functions of (seed, draw index).
     Shapes: x (B, N, D), mask (B, N) -> (B, N, D); ``pos`` is accepted and ignored.
     Dtypes: projections run in the module's dtype; features/exp in at least float32.
+    Export mode: the non-causal forward is already a static graph (eval reads the frozen Ω), so it
+    is the export path as is; ``causal=True`` is refused (:meth:`export_refusal`).
     """
 
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, nb_features: int = 256,
@@ -76,8 +88,12 @@ class PerformerAttention(TokenMixer):
         y = self.out_linear(o.transpose(1, 2).reshape(B, N, H * d).to(dtype))
         return self.zero_padding(y, mask)
 
+    def export_refusal(self) -> str | None:
+        return CAUSAL_EXPORT_REFUSAL if self.causal else super().export_refusal()
+
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                **unused) -> torch.Tensor:
+                context=None) -> torch.Tensor:
+        """x (B, N, D), mask (B, N) -> (B, N, D); ``context`` is not used."""
         mask = check_attention_inputs(x, pos, mask, dim=self.dim, who="performer")
         omega = self.features()  # applies the redraw policy in training
         q, k, v = self.qkv(x, mask)

@@ -234,6 +234,11 @@ def causal_linear_attention(q_feat: torch.Tensor, k_exp: torch.Tensor, v: torch.
     return torch.cat(outs, dim=2)
 
 
+#: Why ``causal=True`` (performer, flt) has no export path.
+CAUSAL_EXPORT_REFUSAL = ("causal=True runs chunked prefix sums in a Python loop over ceil(N / chunk_size) chunks, "
+                         "a trip count that depends on N; only the non-causal path exports")
+
+
 def favor_attention(qh: torch.Tensor, kh: torch.Tensor, v: torch.Tensor, omega: torch.Tensor, mask: torch.Tensor,
                     causal: bool = False, chunk_size: int = 128) -> torch.Tensor:
     """FAVOR+ estimate of softmax attention with logits qh·kh (scaling already applied).
@@ -269,4 +274,4 @@ def split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
 __all__ = ["RandomDraws", "OrthogonalFeatures", "GaussianNoise", "orthogonal_gaussian", "parse_redraw",
            "resolve_seed", "draw_generator", "query_features", "key_exponents", "linear_attention",
            "causal_linear_attention", "favor_attention", "dense_softmax_attention", "compute_dtype",
-           "split_heads", "REDRAW_NEVER", "REDRAW_EVERY"]
+           "split_heads", "REDRAW_NEVER", "REDRAW_EVERY", "CAUSAL_EXPORT_REFUSAL"]

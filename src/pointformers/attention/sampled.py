@@ -37,9 +37,13 @@ Cycles (``mode=``):
   permutation-equivariant; do not shuffle points in the loader if you want it fixed.
 
 Cycles are over each cloud's real points only, taken by rank (the j-th real point of the row),
-so padding, its position and the other clouds never change a cloud's cycle. ``forward(order=)``
-accepts an explicit cycle: (B, N) int64, row b a permutation of 0..N−1 whose first n_b entries
-are cloud b's real points in cycle order.
+so padding, its position and the other clouds never change a cloud's cycle. The cycle is the
+layer's prepared state (:meth:`~.base.TokenMixer.prepare`): each layer draws its own, except in
+``mode="sparse"``, whose fixed cycle the layers of one :class:`~.base.ForwardContext` share. An
+explicit cycle is passed through the context (:meth:`SampledAttention.use_order`): (B, N) int64,
+row b a permutation of 0..N−1 whose first n_b entries are cloud b's real points in cycle order.
+
+No export path (see :data:`EXPORT_REFUSAL`).
 
 Equivariance: with an explicit cycle, permuting the points by σ and relabelling the cycle
 accordingly permutes the output by σ exactly. With sampled cycles the output is equivariant in
@@ -55,9 +59,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import TokenMixer, check_attention_inputs
+from .base import ForwardContext, TokenMixer, check_attention_inputs
+from .flop_count import FlopCount, dense_core, projections
 from .knn import masked_softmax_attention, work_dtype
 from .registry import register
+from .space_filling import check_order
+
+#: Why sampled attention has no export path.
+EXPORT_REFUSAL = ("its eval cycle is randperm(n) drawn from a CPU torch.Generator seeded with (seed, n), a new "
+                  "random permutation for every point count that no ONNX/graph op reproduces (mode='sparse' has "
+                  "no export path either)")
 
 _MODES = ("sampled", "sparse")
 _KERNELS = ("roll", "subsets")
@@ -94,7 +105,15 @@ def _real_first(mask: torch.Tensor) -> torch.Tensor:
     return torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
 
 
-@register("sampled")
+def sampled_flops(m: "SampledAttention", n: int, dim: int, pos_dim: int | None = None) -> FlopCount:
+    """Projections and every query against 2 keys (itself and its successor), without the
+    denominator column (the softmax is over two scores)."""
+    H, d = m.heads, m.head_dim
+    f = FlopCount().add("projections", projections(n, dim, H, d))
+    return f.add("attention", H * dense_core(n, d, d, keys=2) - H * 2 * n * 2)
+
+
+@register("sampled", flops=sampled_flops, bench={}, export=EXPORT_REFUSAL)
 class SampledAttention(TokenMixer):
     """Random Hamiltonian-cycle attention: each point attends to itself and its cycle successor.
 
@@ -163,24 +182,35 @@ class SampledAttention(TokenMixer):
                 rank_perm[sizes == size, :size] = p
         return _real_first(mask).gather(1, rank_perm)
 
-    def _check_order(self, order: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        B, N = mask.shape
-        if not isinstance(order, torch.Tensor) or order.shape != (B, N) or order.dtype != torch.int64:
-            raise ValueError(f"sampled: order must be an int64 (B, N) = {(B, N)} tensor, got "
-                             f"{getattr(order, 'dtype', type(order).__name__)} {tuple(getattr(order, 'shape', ()))}")
-        order = order.to(mask.device)
-        ok = torch.equal(order.sort(1).values, torch.arange(N, device=mask.device).expand(B, N))
-        j = torch.arange(N, device=mask.device).expand(B, N)
-        if not ok or not torch.equal(mask.gather(1, order), j < mask.sum(1, keepdim=True)):
-            raise ValueError("sampled: order rows must be permutations of 0..N-1 listing each cloud's real "
-                             "points first")
-        return order
+    def prepare(self, pos: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
+        """This layer's cycles (:meth:`cycle_order`), (B, N) int64."""
+        return self.cycle_order(mask)
+
+    def prepare_key(self):
+        # the sparse cycle is the same for every layer; sampled cycles are each layer's own draw
+        return ("sampled", "sparse") if self.mode == "sparse" else super().prepare_key()
+
+    def use_order(self, context: ForwardContext, order: torch.Tensor, mask: torch.Tensor | None = None
+                  ) -> ForwardContext:
+        """Store an explicit cycle ``order`` (B, N) int64 in ``context`` for this layer (and every
+        layer with its :meth:`prepare_key`): rows are permutations of 0..N-1 listing each cloud's real
+        points (``mask``, default all) first, in cycle order. ValueError if it is not one, or if
+        ``context`` already holds this layer's cycle. Returns ``context``."""
+        if self.prepare_key() in context:
+            raise ValueError("sampled: the context already holds this layer's cycle")
+        order = check_order(order, mask, "sampled")
+        context.get(self.prepare_key(), lambda: order)
+        return context
 
     # ----------------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                order: torch.Tensor | None = None, **unused) -> torch.Tensor:
+                context: ForwardContext | None = None) -> torch.Tensor:
+        """x (B, N, D), mask (B, N) -> (B, N, D); the cycle comes from ``context`` when it holds one."""
         mask = check_attention_inputs(x, pos, mask, dim=self.dim, who="sampled")
-        order = self.cycle_order(mask) if order is None else self._check_order(order, mask)
+        order = self.prepared(pos, mask, context)
+        if tuple(order.shape) != tuple(mask.shape):
+            raise ValueError(f"sampled: the context's cycle is for {tuple(order.shape)} (B, N) points, "
+                             f"got x {tuple(x.shape)}")
         if self.kernel == "roll" and not torch.is_grad_enabled():
             return self._roll_along_cycle(x, mask, order)  # reads real rows only: no masked copy of x
         x = x.masked_fill(~mask[..., None], 0.0)  # padding may hold anything; keep it out of gradients

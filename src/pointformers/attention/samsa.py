@@ -27,6 +27,12 @@ Randomness: frozen at init — nothing but the weights (support vectors ~ N(0, 0
 Resampled per forward in training — the Gumbel noise only. ``eval()`` is deterministic; ranking
 uses a stable sort (ties in index order, real tokens before support vectors) so that a cloud gives
 the same output alone or in a padded batch.
+
+Export mode (:func:`~.base.set_exportable`): the forward pass is already a static graph (sort,
+gathers, SDPA); the flag only makes it pass the selected keys' validity mask to SDPA without
+first reading on the host whether it is needed. Without support vectors the graph is traced for
+N > 2k (fewer candidates take the padding branch of :func:`samsa_select`, and at N = 2k the
+exporter specialises the soft mixture's top-2k slice, which is then the whole row).
 """
 from __future__ import annotations
 
@@ -35,7 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import TokenMixer, check_attention_inputs
+from .base import TokenMixer, check_attention_inputs, is_tracing
+from .flop_count import FlopCount, dense_core, projections
 from .registry import register
 from .sampling import NEG_INF, gather_rows, gumbel_noise, stable_descending_order, work_dtype
 
@@ -118,7 +125,17 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-@register("samsa")
+def samsa_flops(m: "SAMSAAttention", n: int, dim: int, pos_dim: int | None = None) -> FlopCount:
+    """Projections, the importance MLP and every head's n queries against its k selected keys."""
+    H, d = m.heads, m.head_dim
+    hid = m.importance[0].out_features
+    k = m.k if m.support else min(m.k, n)  # support vectors fill up to k keys
+    f = FlopCount().add("projections", projections(n, dim, H, d))
+    f.add("importance MLP", 2 * n * dim * hid + 2 * n * hid * H)
+    return f.add("attention", H * dense_core(n, d, d, keys=k))
+
+
+@register("samsa", flops=samsa_flops, bench={"k": 256})
 class SAMSAAttention(TokenMixer):
     """SAMSA sampled multi-head softmax attention (the token mixer; norm, ReZero and FFN in :class:`SAMSABlock`).
 
@@ -173,23 +190,29 @@ class SAMSAAttention(TokenMixer):
             self.support_kv = nn.Parameter(torch.randn(heads, 2 * k, 2 * self.head_dim) * 0.02)
             self.support_score = nn.Parameter(torch.zeros(heads, 2 * k))
 
+    def min_points(self) -> int:
+        """Export: any N with support vectors; without them the graph is traced for N > 2k (see the
+        module doc)."""
+        return 1 if self.support else 2 * self.k + 1
+
     def scores(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Per-head importance scores (B, h, N) in the work dtype, ``-inf`` at padding."""
         s = self.importance(x).to(work_dtype(x.dtype)).transpose(1, 2)
         return s.masked_fill(~mask[:, None, :], NEG_INF)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
-                score_x: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                **unused) -> torch.Tensor:
-        """x (B, N, D), mask (B, N) -> (B, N, D). ``generator``: RNG for the training noise."""
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                context=None, *, score_x: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, N, D), mask (B, N) -> (B, N, D); ``score_x`` (B, N, D): see the class doc. ``context``
+        is not used. Training noise comes from the global torch RNG."""
         mask = check_attention_inputs(x, pos, mask, dim=self.dim, who="samsa")
         keep = mask.unsqueeze(-1)
-        if score_x is not None:
+        if score_x is not None and not is_tracing():  # eager-only checks, as check_attention_inputs
             if not isinstance(score_x, torch.Tensor) or score_x.shape != x.shape:
                 raise ValueError(f"samsa: score_x must have the shape of x {tuple(x.shape)}, got "
                                  f"{tuple(getattr(score_x, 'shape', ())) or type(score_x).__name__}")
             if not bool(torch.isfinite(score_x[mask]).all()):
                 raise ValueError("samsa: score_x contains NaN or inf at real points")
+        if score_x is not None:
             score_x = score_x.masked_fill(~keep, 0.0)
         x = x.masked_fill(~keep, 0.0)
         B, N, _ = x.shape
@@ -201,11 +224,16 @@ class SAMSAAttention(TokenMixer):
             kv = torch.cat([kv, self.support_kv.to(kv.dtype).expand(B, -1, -1, -1)], dim=2)              # (B,H,M,2d)
             s = torch.cat([s, self.support_score.to(s.dtype).expand(B, -1, -1)], dim=2)                 # (B,H,M)
         if self.training and self.gumbel:
-            s = s + gumbel_noise(tuple(s.shape), dtype=s.dtype, device=s.device, generator=generator)
+            s = s + gumbel_noise(tuple(s.shape), dtype=s.dtype, device=s.device)
         kvs, _, key_valid = samsa_select(s, kv, self.k, tau=self.tau, mode=self.mode, proxy=self.proxy,
                                          training=self.training, eval_soft=self.eval_soft, kv_grad=self.kv_grad)
         ks, vs = kvs.split(d, dim=-1)
-        attn_mask = None if bool(key_valid.all()) else key_valid[:, :, None, :]
+        # With support vectors every selected key is real (2k finite candidates always exist). Otherwise
+        # the validity mask goes to SDPA only when needed; export mode cannot look (host read), so always.
+        if self.support or (not self.exportable and bool(key_valid.all())):
+            attn_mask = None
+        else:
+            attn_mask = key_valid[:, :, None, :]
         o = F.scaled_dot_product_attention(q, ks, vs, attn_mask=attn_mask)                               # (B,H,N,d)
         y = self.out_linear(o.transpose(1, 2).reshape(B, N, H * d))
         return self.zero_padding(y, mask)
@@ -246,7 +274,7 @@ class SAMSABlock(nn.Module):
         self.alpha = nn.Parameter(torch.zeros(())) if own_rezero else None
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
-                alpha: torch.Tensor | None = None, **attn_kwargs) -> torch.Tensor:
+                alpha: torch.Tensor | None = None) -> torch.Tensor:
         mask = check_attention_inputs(x, pos, mask, dim=self.attn.dim, who="samsa block")
         alpha = self.alpha if alpha is None else alpha
         if alpha is None:
@@ -254,8 +282,9 @@ class SAMSABlock(nn.Module):
         keep = mask.unsqueeze(-1)
         x = x.masked_fill(~keep, 0.0)
         xh = self.norm(x)
-        score_x = x if self.score_input == "raw" else None
-        x = x + alpha * self.dropout(self.attn(xh, pos, mask, score_x=score_x, **attn_kwargs))
+        # score_x is SAMSA's own keyword; a twin model swaps in another mixer (``attn``) without it
+        kw = {"score_x": x} if self.score_input == "raw" and isinstance(self.attn, SAMSAAttention) else {}
+        x = x + alpha * self.dropout(self.attn(xh, pos, mask, **kw))
         x = x + alpha * self.dropout(self.ffn(xh if self.parallel else self.norm2(x)))
         return x.masked_fill(~keep, 0.0)
 
@@ -273,8 +302,8 @@ class SAMSAEncoder(nn.Module):
         self.blocks = nn.ModuleList(SAMSABlock(dim, heads=heads, k=k, own_rezero=False, **block_options)
                                     for _ in range(depth))
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                **attn_kwargs) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
         for blk in self.blocks:
-            x = blk(x, pos, mask, alpha=self.alpha, **attn_kwargs)
+            x = blk(x, pos, mask, alpha=self.alpha)
         return x

@@ -42,6 +42,12 @@ padding (mask None or all True), :meth:`SFTAttention._forward_fast` / :meth:`SFT
 compute the same function with fewer passes over memory (transposed layouts, a blocked maxout
 kernel, in-place ReLU/GeLU, biases and residuals folded into GEMMs, a row-blocked FFN). Everything
 else takes the general path; tests check the two agree.
+
+Export mode (:func:`~.base.set_exportable`): the general path, with the maxout summed channel by
+channel (:func:`maxout_by_channels`: no custom ``autograd.Function``, no ``cdist``, which ONNX
+lacks) and the input checks that read data on the host skipped while tracing. The graph is traced
+for N > k (a cloud with at most k points takes other branches of the sampler). ``rpe="graph"`` is
+refused: its dense (N, N, r) ``edge_attr`` is no input of an exported (x, coords) model.
 """
 from __future__ import annotations
 
@@ -54,6 +60,7 @@ from torch import nn
 
 from ..nn import fast_linear
 from .base import TokenMixer, check_attention_inputs
+from .flop_count import FlopCount
 from .registry import register
 from .sampling import NEG_INF, gather_rows, gumbel_noise, softplus_power_ratio, stable_descending_order, work_dtype
 
@@ -151,6 +158,19 @@ def maxout_scores(q: torch.Tensor, k: torch.Tensor, chunk_elems: int = 1 << 22) 
     return out.reshape(*lead, q.shape[-2], k.shape[-2])
 
 
+def maxout_by_channels(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Pairwise maxout ``Σ_c max(q_ic, k_jc)`` summed one channel at a time: q (..., n, d), k (..., m, d)
+    -> (..., n, m), with one (..., n, m) temporary per channel.
+
+    The export mode's kernel: plain differentiable ops in a loop of static length d (no custom
+    ``autograd.Function`` and no ``cdist``, neither of which torch.export / ONNX capture)."""
+    out = None
+    for c in range(q.shape[-1]):
+        term = torch.maximum(q[..., :, c:c + 1], k[..., c].unsqueeze(-2))
+        out = term if out is None else out + term
+    return out
+
+
 def maxout_scores_dense(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Reference: the literal broadcast ``max(q[:, None], k[None]).sum(-1)`` (materialises n·m·d)."""
     return torch.maximum(q[..., :, None, :], k[..., None, :, :]).sum(-1)
@@ -232,7 +252,9 @@ class SFTSampler(nn.Module):
             z = z.masked_fill(~cand, NEG_INF)
         _, order = stable_descending_order(z)                                   # (B, N)
         n_c = cand.sum(-1) if cand is not None else torch.full((B,), N, device=dev)  # (B,) candidates
-        k = min(self.k, N)
+        # min(k, N), written as a branch: with N > k known (the export mode traces N > k) k stays a
+        # plain int, where min() would make it a symbolic Min(k, N) that later broadcasts cannot resolve
+        k = self.k if N > self.k else N
         j = torch.arange(k, device=dev)
         idx_top = order[:, :k]
         key_valid = j[None] < n_c[:, None]
@@ -294,7 +316,23 @@ def point_relative_features(pos_q: torch.Tensor, pos_k: torch.Tensor, normal_dim
 # --------------------------------------------------------------------------------------------
 # The mixer
 # --------------------------------------------------------------------------------------------
-@register("sft")
+def sft_flops(m: "SFTAttention", n: int, dim: int, pos_dim: int | None = None) -> FlopCount:
+    """q on n tokens, k/v on the k' = min(k, n) sampled tokens, out projection, sampler score and
+    leak, the L1 maxout (3 per pair and channel, not a matmul) and the value product."""
+    H, d = m.heads, m.head_dim
+    k = min(m.k, n)
+    inner = H * d
+    f = FlopCount()
+    f.add("q projection", 2 * n * dim * inner)
+    f.add("k, v projections (sampled tokens)", 2 * 2 * k * dim * inner)
+    f.add("out projection", 2 * n * inner * dim)
+    f.add("sampler score and leak", 2 * n * dim + 2 * k * dim * H)
+    f.add("maxout scores (L1, non-matmul)", H * 3 * n * k * d)
+    f.add("value product", H * 2 * n * k * (d + 1))
+    return f
+
+
+@register("sft", flops=sft_flops, bench={"k": 256})
 class SFTAttention(TokenMixer):
     """SFT sampled leaky-ReLU maxout attention (the token mixer; residual and norms live in :class:`SFTBlock`).
 
@@ -324,7 +362,7 @@ class SFTAttention(TokenMixer):
         dense_reference: compute the maxout by literal broadcast (slow; for tests).
     Shapes: x (B, N, D), pos (B, N, P), mask (B, N) bool, edge_attr (B, N, N, r) -> (B, N, D), padded
     rows zero. Cost O(N·k·(h·d_h + r)) time, O(N·k·h) memory; scores/probabilities are computed in
-    float32 (float64 stays float64) even for bfloat16 inputs.
+    float32 (float64 stays float64) even for bfloat16 inputs. Export mode: module docstring.
     """
 
     def __init__(self, dim: int, heads: int = 8, k: int = 256, head_dim: int | None = None, rpe: str = "none",
@@ -426,17 +464,35 @@ class SFTAttention(TokenMixer):
     #: off to compare with the general path.
     fast_inference: bool = True
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
-                edge_attr: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                **unused) -> torch.Tensor:
-        """x (B, N, D), pos (B, N, P), mask (B, N), edge_attr (B, N, N, r) -> (B, N, D).
+    def min_points(self) -> int:
+        """The export graph is traced for N > k (smaller clouds take other branches of the sampler)."""
+        return self.k + 1
 
-        ``generator``: optional RNG for the sampler's training randomness (default: global RNG).
-        """
+    def export_refusal(self) -> str | None:
+        if self.rpe == "graph":
+            return ("rpe='graph' needs a dense (N, N, r) edge_attr input, which the exported (x, coords) "
+                    "signature does not carry")
+        return super().export_refusal()
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                context=None, *, edge_attr: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, N, D), pos (B, N, P), mask (B, N), edge_attr (B, N, N, r) (``rpe="graph"`` only) -> (B, N, D).
+
+        ``context`` is not used (the sampler depends on the layer's own x). Training randomness
+        comes from the global torch RNG."""
+        if self.exportable:  # no host-side look at the data: checked eagerly, skipped while tracing
+            return self._forward_general(x, pos, self.check(x, pos, mask), edge_attr=edge_attr)
         mask = self.validate(x, pos, mask)
         if mask is None and self.fast_path_applies(x):
             return self._forward_fast(x)
-        return self._forward_general(x, pos, mask, edge_attr=edge_attr, generator=generator)
+        return self._forward_general(x, pos, mask, edge_attr=edge_attr)
+
+    def check(self, x, pos, mask, who: str = "sft") -> torch.Tensor:
+        """:func:`check_attention_inputs` with this module's pos requirement; returns the (B, N) mask."""
+        if self.rpe == "points":
+            return check_attention_inputs(x, pos, mask, dim=self.dim, requires_pos=True,
+                                          min_pos_dim=self.normal_dims + 1, who=who)
+        return check_attention_inputs(x, pos, mask, dim=self.dim, who=who)
 
     def validate(self, x, pos, mask, who: str = "sft") -> torch.Tensor | None:
         """Check the contract inputs once; returns the mask, or None when every point is real.
@@ -453,11 +509,7 @@ class SFTAttention(TokenMixer):
                                       and mask.shape == B_N and mask.device == x.device and bool(mask.all())))
                 and bool(torch.isfinite(x.sum())) and (pos is None or bool(torch.isfinite(pos.sum())))):
             return None
-        if self.rpe == "points":
-            mask = check_attention_inputs(x, pos, mask, dim=self.dim, requires_pos=True,
-                                          min_pos_dim=self.normal_dims + 1, who=who)
-        else:
-            mask = check_attention_inputs(x, pos, mask, dim=self.dim, who=who)
+        mask = self.check(x, pos, mask, who)
         return None if bool(mask.all()) else mask
 
     def _pos_well_formed(self, x, pos) -> bool:
@@ -530,8 +582,9 @@ class SFTAttention(TokenMixer):
                 out[b] += fast_linear.linear(self.out_linear, o.view(H * d, N).t(), use_bias=False)
         return out
 
-    def _forward_general(self, x, pos, mask, *, edge_attr=None, generator=None, **unused) -> torch.Tensor:
-        """The general path (training, autograd, padding, relative features); inputs already validated."""
+    def _forward_general(self, x, pos, mask, *, edge_attr=None) -> torch.Tensor:
+        """The general path (training, autograd, padding, relative features, export mode); inputs
+        already validated. mask (B, N) or None (no padding)."""
         if mask is None:
             mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         if self.rpe == "graph":
@@ -544,7 +597,7 @@ class SFTAttention(TokenMixer):
         if pos is not None:
             pos = pos.masked_fill(~keep, 0.0)
 
-        samp = self.sampler(x, mask, generator=generator)
+        samp = self.sampler(x, mask)
         if not self.training and self.hard_eval:
             pe = torch.ones_like(samp.p)
         elif self.training and self.hard:
@@ -560,7 +613,12 @@ class SFTAttention(TokenMixer):
         kt = self.qk_dropout(self.w_k(xs)).view(B, kk, H, d).transpose(1, 2).to(wd)  # (B, H, k', d)
         v = self.w_v(xs).view(B, kk, H, d).transpose(1, 2).to(wd)
 
-        score = maxout_scores_dense(q, kt) if self.dense_reference else maxout_scores(q, kt, self.chunk_elems)
+        if self.dense_reference:
+            score = maxout_scores_dense(q, kt)
+        elif self.exportable:
+            score = maxout_by_channels(q, kt)
+        else:
+            score = maxout_scores(q, kt, self.chunk_elems)
         a = score / math.sqrt(d)                                                       # (B, H, N, k')
         if self.rpe != "none":
             mul_t, add_t, mul_r, add_r = self._relative_logits(samp, pos, edge_attr, x, wd)
@@ -599,7 +657,7 @@ class SFTBlock(nn.Module):
         ffn_dropout: "feedforward dropout" after the FFN's expansion.
         **attn_options: passed to :class:`SFTAttention` (rpe, normal_dims, leaky, drop_token, ...).
     Shapes: x (B, N, D), pos (B, N, P), mask (B, N) -> (B, N, D), padded rows zero. ``edge_attr``
-    and ``generator`` keywords go to the attention.
+    goes to the attention. In export mode (its attention's flag) the block takes the general path.
     """
 
     def __init__(self, dim: int, heads: int = 8, k: int = 256, norm_position: str = "pre", ffn_mult: int = 4,
@@ -615,21 +673,25 @@ class SFTBlock(nn.Module):
                                  nn.Linear(ffn_mult * dim, dim))
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                **attn_kwargs) -> torch.Tensor:
-        mask = self.attn.validate(x, pos, mask, who="sft block")   # once per block call
-        if mask is None and not self.training and isinstance(self.ffn[1], nn.GELU) and self.attn.fast_path_applies(x):
-            return self._forward_fast(x)
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
+                edge_attr: torch.Tensor | None = None) -> torch.Tensor:
+        if self.attn.exportable:  # no host-side look at the data (see SFTAttention.forward)
+            mask = self.attn.check(x, pos, mask, who="sft block")
+        else:
+            mask = self.attn.validate(x, pos, mask, who="sft block")   # once per block call
+            if (mask is None and not self.training and isinstance(self.ffn[1], nn.GELU)
+                    and self.attn.fast_path_applies(x)):
+                return self._forward_fast(x)
         if mask is None:
             mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         keep = mask.unsqueeze(-1)
         x = x.masked_fill(~keep, 0.0)
         attn = self.attn._forward_general
         if self.norm_position == "pre":
-            x = x + self.dropout(attn(self.norm1(x), pos, mask, **attn_kwargs))
+            x = x + self.dropout(attn(self.norm1(x), pos, mask, edge_attr=edge_attr))
             x = x + self.dropout(self.ffn(self.norm2(x)))
         else:
-            x = self.norm1(x + self.dropout(attn(x, pos, mask, **attn_kwargs)))
+            x = self.norm1(x + self.dropout(attn(x, pos, mask, edge_attr=edge_attr)))
             x = self.norm2(x + self.dropout(self.ffn(x)))
         return x.masked_fill(~keep, 0.0)
 
@@ -713,7 +775,7 @@ class SFTEncoder(nn.Module):
                                     for _ in range(depth))
 
     def forward(self, x: torch.Tensor | None = None, pos: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, **attn_kwargs) -> torch.Tensor:
+                mask: torch.Tensor | None = None, *, edge_attr: torch.Tensor | None = None) -> torch.Tensor:
         if self.rotation_invariant:
             if not isinstance(pos, torch.Tensor) or pos.dim() != 3:
                 raise ValueError("sft: the rotation-invariant encoder needs pos (B, N, P) = [xyz, normals]")
@@ -721,5 +783,5 @@ class SFTEncoder(nn.Module):
         elif x is None:
             raise ValueError("sft: x (B, N, D) is required unless rotation_invariant=True")
         for blk in self.blocks:
-            x = blk(x, pos, mask, **attn_kwargs)
+            x = blk(x, pos, mask, edge_attr=edge_attr)
         return x

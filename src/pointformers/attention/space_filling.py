@@ -131,3 +131,24 @@ def serialize(pos: torch.Tensor, mask: torch.Tensor, curve: str, bits: int | Non
     order), ``order[b, n_b:]`` its padded points.
     """
     return torch.argsort(curve_code(pos, mask, curve, bits), dim=1, stable=True)
+
+
+def check_order(order, mask: torch.Tensor | None, who: str) -> torch.Tensor:
+    """Validate an explicit order as :func:`serialize` returns it: an int64 (B, N) tensor whose row b
+    is a permutation of 0..N−1 listing cloud b's real points (``mask`` (B, N); None: all) first.
+    Returns it on mask's device; ValueError naming ``who`` otherwise."""
+    if mask is None:
+        if not isinstance(order, torch.Tensor) or order.dim() != 2:
+            raise ValueError(f"{who}: order must be an int64 (B, N) tensor, got "
+                             f"{getattr(order, 'dtype', type(order).__name__)} {tuple(getattr(order, 'shape', ()))}")
+        mask = torch.ones(order.shape, dtype=torch.bool, device=order.device)
+    B, N = mask.shape
+    if not isinstance(order, torch.Tensor) or order.shape != (B, N) or order.dtype != torch.int64:
+        raise ValueError(f"{who}: order must be an int64 (B, N) = {(B, N)} tensor, got "
+                         f"{getattr(order, 'dtype', type(order).__name__)} {tuple(getattr(order, 'shape', ()))}")
+    order = order.to(mask.device)
+    j = torch.arange(N, device=mask.device).expand(B, N)
+    if (not torch.equal(order.sort(1).values, j)  # a permutation first: only then is the gather in range
+            or not torch.equal(mask.gather(1, order), j < mask.sum(1, keepdim=True))):
+        raise ValueError(f"{who}: order rows must be permutations of 0..N-1 listing each cloud's real points first")
+    return order
