@@ -65,13 +65,13 @@ def test_mechanism_counts_by_hand():
 
 def test_every_registered_mechanism_has_a_formula_that_grows():
     for name in available():
-        opts = dict(mechanisms.OPTIONS.get(name, {}))
+        opts = mechanisms.bench_options(name)
         small = attention_flops(name, 1024, 64, 4, **dict(opts)).total()
         big = attention_flops(name, 4096, 64, 4, **dict(opts)).total()
         assert 0 < small < big, name
     # quadratic ones grow 16× from 4k to 16k, linear ones about 4×
-    ratio = lambda m: (attention_flops(m, 16384, 64, 4, **dict(mechanisms.OPTIONS[m])).total()
-                       / attention_flops(m, 4096, 64, 4, **dict(mechanisms.OPTIONS[m])).total())
+    ratio = lambda m: (attention_flops(m, 16384, 64, 4, **mechanisms.bench_options(m)).total()
+                       / attention_flops(m, 4096, 64, 4, **mechanisms.bench_options(m)).total())
     assert ratio("full") > 12 and ratio("kernel") > 12
     for m in ("hept", "lsh_or", "performer", "flt", "sampled"):
         assert 3.9 < ratio(m) < 4.2, m
@@ -135,7 +135,7 @@ def _counted(name, opts, n, dim, heads, train):
 SMALL = {"patch_size": 128, "k": 64, "nb_features": 64}
 
 
-@pytest.mark.parametrize("name", sorted(mechanisms.OPTIONS))
+@pytest.mark.parametrize("name", mechanisms.mechanism_names())
 def test_counts_match_torchs_flop_counter(name):
     # An independent count: torch's FlopCounterMode sums the matrix products the real module
     # executes. The analytic model count (without the parts it marks non-matmul) agrees within
@@ -144,7 +144,7 @@ def test_counts_match_torchs_flop_counter(name):
     # FLOPs leave out; SFT's backward of its L1 maxout scores runs as matmuls.
     if name not in available():
         pytest.skip(f"{name} not registered")
-    opts = {k: SMALL.get(k, v) for k, v in mechanisms.OPTIONS[name].items()}
+    opts = {k: SMALL.get(k, v) for k, v in mechanisms.bench_options(name).items()}
     n, dim, heads = 600, 32, 2
     f = attention_flops(name, n, dim, heads, **dict(opts))
     mm = {k: v for k, v in f.parts.items() if "non-matmul" not in k}

@@ -34,7 +34,7 @@ import math
 import torch
 from torch import nn
 
-from ..attention import build as build_attention
+from ..attention import ForwardContext, build as build_attention
 from ..attention.sampled import SampledAttention
 from ..nn.model_inputs import check_point_inputs
 from ..nn.pooling import masked_max
@@ -120,7 +120,9 @@ def _cycle_kwargs(mixer: nn.Module, pos: torch.Tensor, mask: torch.Tensor, eval_
     """The eval-time coordinate cycle for a sampled mixer (nothing for other mechanisms or in training)."""
     if isinstance(mixer, SampledAttention) and mixer.mode == "sampled" and not mixer.training \
             and eval_cycle == "coordinates":
-        return {"order": coordinate_cycle(pos, mask, int(mixer.seed))}
+        context = ForwardContext(pos, mask)
+        mixer.use_order(context, coordinate_cycle(pos, mask, int(mixer.seed)), mask)
+        return {"context": context}
     return {}
 
 
