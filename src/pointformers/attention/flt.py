@@ -7,7 +7,7 @@ frequencies ξ_k ~ p by importance sampling, N ≈ N1 N2ᵀ. Concatenating [N1, 
 [N2, K d^{-1/4}] turns exp(N̂ + QKᵀ/√d) into plain softmax logits (Eq. 3), which FAVOR+
 linearises: time O(N·m·(d + 2r) + N·r·ℓ), memory O(N·(m + d + r) + m·d).
 
-Real-valued features (spec flt.md §2.5). With a_k = g(ξ_k)/p(ξ_k) = α_k + iβ_k and
+Real-valued features (the FLT paper is silent on keeping the features real; ours:). With a_k = g(ξ_k)/p(ξ_k) = α_k + iβ_k and
 θ_jk = 2π r_jᵀξ_k,
 
     N1[j] = [α cos θ − β sin θ,  α sin θ + β cos θ]_k / (√r κ)     (B, H, N, 2r)
@@ -76,13 +76,13 @@ class FLTAttention(TokenMixer):
         nb_features: FAVOR+ random features m (paper: 64 for LM and OC20, 128 for ViT).
         num_rpe_features: RPE frequencies r (paper: 32 LM, 64 ViT, 16 OC20); 2r real columns.
         rpe_type: the learned spectrum g (one of ``RPE_TYPES``):
-            "gaussian_mixture" (§4.3): g(ξ) = Σ_t w_t exp(−‖ξ − μ_t‖²/(2σ_t²)); f is a sum of
+            "gaussian_mixture" (FLT paper, Sec. 4.3): g(ξ) = Σ_t w_t exp(−‖ξ − μ_t‖²/(2σ_t²)); f is a sum of
                 modulated Gaussians. σ_t = σ_max·sigmoid(·) with σ_max = ``proposal_std`` at
                 init, which keeps g/p bounded under the fixed proposal.
-            "local" (Eq. 20–21, box form §3.6): g(ξ) = Σ_t w_t ∏_j sin(2πv_tjξ_j)/(πξ_j),
+            "local" (Eq. 20–21, box form, FLT paper Sec. 4.3): g(ξ) = Σ_t w_t ∏_j sin(2πv_tjξ_j)/(πξ_j),
                 f(Δ) = Σ_t w_t ∏_j 𝕀[|Δ_j| ≤ v_tj]; learnable radii v_tj > 0. Note g/p is
                 unbounded under a Gaussian p (heavy-tailed estimator), as in the paper.
-            "gaussian_basis" (§5.3, molecules): g(ξ) = Σ_t w_t exp(−2π²σ_t²‖ξ‖²),
+            "gaussian_basis" (FLT paper Sec. 5.3, molecules): g(ξ) = Σ_t w_t exp(−2π²σ_t²‖ξ‖²),
                 f(r) = Σ_t w_t (√(2π)σ_t)^{-ℓ} exp(−‖r‖²/(2σ_t²)); isotropic.
         num_components: T (default 25 mixture as ViT, 16 local, 32 basis as OC20).
         coord_dim: ℓ, columns of ``pos`` (default 1 for sequences, 3 for "gaussian_basis").
@@ -95,7 +95,7 @@ class FLTAttention(TokenMixer):
         chunk_size: rows per causal chunk (memory O(chunk² + chunk·m + m·d) per chunk).
         redraw: resampling policy of Ω in training ("never" | "every_forward_in_training" |
             int N), default "never".
-        redraw_rpe: the same for the RPE noise ε (ξ = s·ε), default "never" (spec §9.3: fixed
+        redraw_rpe: the same for the RPE noise ε (ξ = s·ε), default "never" (where the paper is silent on redrawing ξ, we keep it fixed:
             frequencies make the learned RPE a fixed function).
         seed: master seed of all random draws (default: from ``generator`` or the global RNG).
         generator: optional torch.Generator, used for ``seed`` and the parameter inits.
@@ -144,7 +144,7 @@ class FLTAttention(TokenMixer):
         self.out_linear = nn.Linear(inner, dim)
 
         # --- learned spectrum g: weights (linear in g), and the shape parameters of each family.
-        # Inits follow spec §9.5 (the paper gives none).
+        # The paper gives no inits; where it is silent, we use these.
         gen = generator
         self.rpe_w = nn.Parameter(0.1 * torch.randn(H, T, generator=gen, dtype=torch.float64).float())
         self.rpe_w_imag = (nn.Parameter(0.1 * torch.randn(H, T, generator=gen, dtype=torch.float64).float())
@@ -160,7 +160,7 @@ class FLTAttention(TokenMixer):
             s0 = 1.0 if proposal_std is None else float(proposal_std)
             self.rpe_radius_raw = nn.Parameter(_inv_softplus(_log_uniform((H, T, ell), 1.0, 64.0, gen)).float())
         else:  # gaussian_basis
-            sigma = _log_uniform((H, T), 0.3, 5.0, gen)  # Å, spec §9.5
+            sigma = _log_uniform((H, T), 0.3, 5.0, gen)  # Å (our init; the paper gives none)
             s0 = 1.0 / (2 * math.pi * float(sigma.min())) if proposal_std is None else float(proposal_std)
             self.rpe_sigma_raw = nn.Parameter(_inv_softplus(sigma).float())
         if learn_proposal is None:

@@ -89,7 +89,7 @@ class KNNAttention(TokenMixer):
         dim: model width D.
         heads: number of heads H.
         head_dim: per-head width d (default D // H, or D when H does not divide D).
-        k: neighbours per point, self included (default 16, the spec's suggestion; the paper
+        k: neighbours per point, self included (default 16, our choice; the paper
             does not give it). Clamped to each cloud's size.
         coord_dim: number of columns of ``pos`` (default None: any P >= 1, all columns used).
         bias: whether the q/k/v projections carry a bias (the output projection always does).

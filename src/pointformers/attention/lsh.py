@@ -6,7 +6,7 @@ block computation, but the buckets come only from E2LSH hashes of the q̂/k̂ ve
 * ``n_and = 1`` (default, registry key ``lsh_or``): OR-only LSH, Reformer/SMYRF-style — each
   of the m₁ tables sorts queries and keys by their own base hash a·q̂ / a·k̂.
 * ``n_and = m₂ ≥ 2``: OR & AND without coordinates — m₂ − 1 further hashes per table are
-  bucketed into equal-count buckets over the 2n query and key values (paper §4.2; spec §9.19),
+  bucketed into equal-count buckets over the 2n query and key values (HEPT paper §4.2; the paper gives no more detail for its Table 3 variants without coordinates, so the aux codes are bucketed the same way),
   B_ij random with Π_j B_ij = G, and combined with the base hash as T = L + Δ·code.
 * ``tied=True``: q = k (as in Reformer), which realigns query and key buckets (the * rows).
 

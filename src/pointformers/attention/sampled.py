@@ -30,8 +30,8 @@ Cycles (``mode=``):
   ``randperm(n)`` from a private generator seeded with (``seed``, n), where ``seed`` is drawn once at
   init from the global RNG (or given) and saved in the state_dict. The eval output is therefore
   deterministic, independent of the global RNG and of the other clouds in the batch, and differs
-  between layers. ``eval_cycle="random"`` keeps drawing fresh cycles in eval (the spec's
-  Monte-Carlo test-time option).
+  between layers. ``eval_cycle="random"`` keeps drawing fresh cycles in eval (a
+  Monte-Carlo test-time option; the paper does not say how it evaluates).
 * ``"sparse"``: the fixed cycle through the real points in input (index) order, wrapping round,
   in training and eval alike: the paper's "sparse attention" baseline (Tables 3–4). It is not
   permutation-equivariant; do not shuffle points in the loader if you want it fixed.
@@ -50,7 +50,7 @@ accordingly permutes the output by σ exactly. With sampled cycles the output is
 distribution (the cycle is uniform, whatever the labels); a seeded eval cycle is a fixed function of
 the ranks, so it is not.
 
-Following the spec's suggestion, scores are scaled by 1/√d (Eq. 1 has no scale; pass ``scale=1.0``
+We depart from Eq. 1, which has no scale: scores are scaled by 1/√d (as in standard attention; pass ``scale=1.0``
 for the literal equations). The module returns the mixer output only; the block adds the
 residual of Eq. 5b.
 """

@@ -1,4 +1,4 @@
-"""SAMSA — SAMpling-Self-Attention (papers/002, specs/samsa.md).
+"""SAMSA — SAMpling-Self-Attention (SAMSA paper: "SAMSA: Efficient Transformer for Many Data Modalities").
 
 Every head scores every token (a token-wise MLP d → d_imp → h, one score per head: "mixture of
 attention experts"), and all n queries of that head attend with ordinary softmax attention
@@ -8,7 +8,7 @@ attention experts"), and all n queries of that head attend with ordinary softmax
   are split into the selected S (ranks 1..k) and the runners-up R (ranks k+1..2k). Each selected
   token j competes with the runners-up through a soft proxy ``W_soft`` (k × 2k, rows sum to 1):
 
-  - ``proxy="pairwise_sigmoid"`` (§4.2 equation and prose, default):
+  - ``proxy="pairwise_sigmoid"`` (SAMSA paper §4.2 equation and prose, default):
     ``p[j, g] = σ((z_{S_j} − z_{R_g}) / τ)``, ``soft_j = mean_g p[j,g]·x_{S_j} + Σ_g (1 − p[j,g])/k·x_{R_g}``;
   - ``proxy="softmax_group"`` (Algorithm 2): a (k+1)-way softmax of z/τ over {S_j} ∪ R.
 
@@ -18,8 +18,8 @@ attention experts"), and all n queries of that head attend with ordinary softmax
   ``mode="soft"`` (SAMSA-soft, τ = 0.1): no reparameterization, the keys/values *are* the soft
   mixture ``W_soft · KV[top-2k]``.
 * **eval**: no noise. Hard models gather the plain top-k (P is never materialised); soft models keep
-  the soft top-2k mixture by default (``eval_soft``; the paper's timings suggest so, spec §2.6).
-* **support vectors** (§4.3): per head, 2k learnable key/value vectors with learnable scores join
+  the soft top-2k mixture by default (``eval_soft``; the paper is silent, but its timings, soft slower than hard at equal k, suggest so).
+* **support vectors** (SAMSA paper §4.3): per head, 2k learnable key/value vectors with learnable scores join
   the candidates (after the real tokens), so top-2k is always defined, even for a cloud of one
   point; padded tokens score ``-inf`` and are never selected.
 
@@ -254,7 +254,7 @@ class SAMSABlock(nn.Module):
         dim, heads, k: as :class:`SAMSAAttention`.
         ffn_mult: FFN expansion (GELU, 4).
         parallel: see above.
-        score_input: ``"normed"`` (score X̂, default, spec §8.8) or ``"raw"`` (score X, Alg. 1 line 7).
+        score_input: ``"normed"`` (score X̂, default: where the paper is silent on the importance MLP's input, we score the normalised X̂) or ``"raw"`` (score X, Alg. 1 line 7).
         dropout: residual dropout (0).
         **attn_options: passed to :class:`SAMSAAttention` (mode, tau, proxy, support, ...).
     Shapes: x (B, N, D), mask (B, N) -> (B, N, D), padded rows zero.

@@ -1,14 +1,14 @@
-"""SFT — Sampling Foundational Transformer attention (papers/004, specs/sft.md).
+"""SFT — Sampling Foundational Transformer attention (SFT paper: "SFT: Sampling-based Foundational Transformer").
 
 Per layer, all n queries attend to k **soft duplets** of sampled tokens:
 
-1. **Sampler** (§4.2, spec §2.5–2.6). A learned score ``z = Linear_S(x)`` (d → 1, shared by all
+1. **Sampler** (SFT paper §4.2; where its description is ambiguous, we follow the reading below). A learned score ``z = Linear_S(x)`` (d → 1, shared by all
    heads) plus Gumbel(0, 1) noise in training ranks the real points of each cloud. The k best form
    S₁, k others form S₂ (S₁ ∩ S₂ = ∅, no duplicates); bin j pairs S₁[j] with S₂[j] and mixes them
    as ``p_j·x_{S₁[j]} + (1−p_j)·x_{S₂[j]}`` with the Softplus-power ratio
    ``p_j = SP(z̃₁)^{1/τ} / (SP(z̃₁)^{1/τ} + SP(z̃₂)^{1/τ}) ∈ [0.5, 1]`` (Eq. 9, same noisy z̃ that
    ranked them). K, V and the leak C are projected from the k mixed tokens (Table 7 cost scaling).
-2. **Leaky-ReLU maxout attention** (§4.3, spec §3.3)::
+2. **Leaky-ReLU maxout attention** (SFT paper §4.3, the form with relative features)::
 
        A[i,j] = (Σ_c max(Q_ic, K_jc) / √d_h) · R_mul[i,j] + R_add[i,j]
        P[i,j] = ReLU(A[i,j]) / (Σ_r ReLU(A[i,r]) + Σ_r Softplus(C_r) + ε)      (leak per key, summed)
@@ -34,8 +34,8 @@ Gumbel noise on the scores, the random partners S₂, the drop-token mask and th
 ``eval()`` is deterministic: no noise, no drop-token, no dropout, and S₂ is taken at evenly spaced
 ranks of the rest ("stratified": rank k + ⌊(j + ½)·m/k⌋ of the m ranked leftovers, the deterministic
 counterpart of a uniform draw), so a cloud gives the same output alone or in a padded batch.
-The paper never describes inference; the spec (§2.8) suggests soft duplets without noise, which is
-the default (``hard_eval=True`` uses S₁ alone).
+The paper never describes inference; where it is silent, we use soft duplets without noise (the
+default (``hard_eval=True`` uses S₁ alone).
 
 Inference path: in ``eval()`` with autograd off, on the CPU, for ``rpe="none"`` and a batch without
 padding (mask None or all True), :meth:`SFTAttention._forward_fast` / :meth:`SFTBlock._forward_fast`
@@ -207,7 +207,7 @@ class SFTSampler(nn.Module):
         tau: temperature of the Softplus-power ratio (paper: 1.0 throughout).
         drop_token: "Drop Token Probability": in training each real point leaves the candidate pool
             with this probability (it stays a query). The best-scored point is never dropped, so a
-            cloud always has a key. (The paper never defines it; spec §9 A5.)
+            cloud always has a key. (The paper never defines it; this is our reading.)
         partner: ``"random"`` — S₂ uniform among the points ranked after S₁ (paper: "k random
             vectors"); deterministic stratified ranks in eval. ``"next"`` — ranks k+1..2k
             (SAMSA-like), in training and eval.
@@ -287,7 +287,7 @@ class SFTSampler(nn.Module):
 # Relative features
 # --------------------------------------------------------------------------------------------
 def sinusoid_1d(positions: torch.Tensor, dim: int, exponent: str = "paper") -> torch.Tensor:
-    """Sinusoid1D (SFT §D): S[i, 2j] = sin(i / 10000^{e_j}), S[i, 2j+1] = cos(i / 10000^{e_j}).
+    """Sinusoid1D (SFT paper, App. D.1, Eqs. 23–24): S[i, 2j] = sin(i / 10000^{e_j}), S[i, 2j+1] = cos(i / 10000^{e_j}).
 
     ``exponent="paper"``: e_j = j / d (as printed); ``"standard"``: e_j = 2j / d (Vaswani et al.).
     positions (..., N) -> (..., N, dim); ``dim`` must be even.
@@ -745,7 +745,7 @@ class SFTBlock(nn.Module):
 
 
 class SFTEncoder(nn.Module):
-    """A stack of :class:`SFTBlock`, with the rotation-invariant point variant (SFT §5.1, Table 1).
+    """A stack of :class:`SFTBlock`, with the rotation-invariant point variant (SFT paper, Table 1 and App. D.1).
 
     With ``rotation_invariant=True`` the tokens are replaced by all-ones vectors (B, N, D) and the
     only geometric input is the relative features ``[‖x_i − x_j‖², n_i·n_j]`` of ``pos = [xyz,

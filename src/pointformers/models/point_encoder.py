@@ -29,7 +29,7 @@ class PointTransformerJK(nn.Module):
             among their registry ``model_options`` (HEPT).
         pe: "none" (HEPT: coordinates enter through its kernel) or "learned": the absolute
             positional encoding HEPT's transformer baselines use (authors' ``pe_type: learned``,
-            spec §5): Linear(c, D) → LayerNorm → ReLU → Linear(D, D) of the coordinates, added to
+            HEPT paper Sec. 6.2): Linear(c, D) → LayerNorm → ReLU → Linear(D, D) of the coordinates, added to
             the encoded features h₀ once, before the first block.
         padding: how HEPT fills a cloud up to a multiple of ``block_size``. ``"mask"`` (default,
             this project's contract): padded rows take no part in attention, so a cloud's output
