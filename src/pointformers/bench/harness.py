@@ -188,6 +188,25 @@ def machine() -> str:
             f"({torch.get_num_threads()} threads), Python {platform.python_version()}")
 
 
+def recorded_command(module: str, argv, hide=None) -> str:
+    """The command line as a document records it: ``python -m module argv…`` with the values of the
+    options in ``hide`` (option -> placeholder, e.g. ``{"--out": "RUNS"}``) replaced, so no local
+    path (a scratch folder, the user's copy of real data) is written into the repository."""
+    import shlex
+
+    hide = {"--out": "RUNS", **(hide or {})}
+    out, it = [], iter(list(argv))
+    for tok in it:
+        key = tok.split("=", 1)[0]
+        if key in hide:
+            out += [key, hide[key]]
+            if "=" not in tok:
+                next(it, None)
+        else:
+            out.append(tok)
+    return " ".join(["python", "-m", module] + [shlex.quote(t) for t in out])
+
+
 def write_section(path: str, name: str, text: str, command: str) -> None:
     """Replace the ``name`` section of the markdown file at ``path`` atomically, keeping the rest."""
     start, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -45,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from .harness import machine, peak_bytes, reset_peak_rss, rss_bytes, write_section
+from .harness import machine, peak_bytes, recorded_command, reset_peak_rss, rss_bytes, write_section
 
 __all__ = ["compare_configs", "speed_comparison", "comparison_table", "speed_table", "check_orderings",
            "DEFAULT_SPEED_CONFIGS", "main"]
@@ -289,8 +288,7 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
     for c in checks:
         say(c)
     if doc is not None:
-        cmd = command or " ".join(shlex.quote(a) for a in [Path(sys.executable).name, "-m",
-                                                           "pointformers.bench.hep_comparison", *sys.argv[1:]])
+        cmd = command or recorded_command("pointformers.bench.hep_comparison", sys.argv[1:])
         text = (f"Machine: {machine()}; device {dev}. Data preset `{tag}`; test split; every model trained with "
                 f"its config's `train` section{f' for {epochs} epochs' if epochs is not None else ''}.\n\n"
                 + comparison_table(rows) + ("\n\n" + "\n".join(f"- {c}" for c in checks) if checks else ""))
@@ -442,8 +440,7 @@ def speed_comparison(n_hits: int = 60000, configs: Sequence[str] = DEFAULT_SPEED
         say(f"{r['model']:>18}: {r['median_ms']:9.1f} ms, peak {r['peak_mb']:.0f} MB"
             + (f", {r['vs_hept']:.1f}x HEPT's time" if r["vs_hept"] is not None else ""))
     if doc is not None:
-        cmd = command or " ".join(shlex.quote(a) for a in [Path(sys.executable).name, "-m",
-                                                           "pointformers.bench.hep_comparison", *sys.argv[1:]])
+        cmd = command or recorded_command("pointformers.bench.hep_comparison", sys.argv[1:])
         _write_doc(doc, f"hep-speed-{n_hits}", speed_table(result), cmd)
         say(f"wrote section hep-speed-{n_hits} of {doc}")
     return result

@@ -38,7 +38,6 @@ import argparse
 import json
 import math
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -47,7 +46,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .harness import machine, measure, run_isolated, write_section
+from .harness import machine, measure, recorded_command, run_isolated, write_section
 
 __all__ = ["SHAPE_CONFIGS", "LISTOPS_CONFIGS", "MEMORY_CONFIG", "TWINS", "train_config", "run_experiment",
            "memory_comparison", "check_claims", "results_markdown", "run_point_results", "main"]
@@ -414,8 +413,7 @@ def run_point_results(shape_configs: Sequence[str] = SHAPE_CONFIGS, listops_conf
     write_json(Path(out_dir) / "point-results.json", {"machine": machine(), "seeds": list(seeds), "shapes": shapes,
                                                      "listops": listops, "memory": memory, "claims": claims})
     if doc is not None:
-        cmd = command or " ".join(shlex.quote(a) for a in [Path(sys.executable).name, "-m",
-                                                           "pointformers.bench.point_results", *sys.argv[1:]])
+        cmd = command or recorded_command("pointformers.bench.point_results", sys.argv[1:])
         if not os.path.exists(doc):
             Path(doc).parent.mkdir(parents=True, exist_ok=True)
             Path(doc).write_text("# Results\n")

@@ -42,7 +42,6 @@ import datetime
 import io
 import math
 import os
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -52,7 +51,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .harness import machine, write_section
+from .harness import machine, recorded_command, write_section
 
 __all__ = ["SUBSET_PARTICLES", "REAL_NOISE_SHARE", "TARGET_RATIO", "CHECKPOINT", "SECTIONS", "RealismConfig",
            "config_from_args", "generated_events", "subset_event", "generated_subsets", "read_real_events",
@@ -185,17 +184,7 @@ def config_from_args(argv: Sequence[str]) -> tuple[RealismConfig, argparse.Names
 
 def _command(argv: Sequence[str]) -> str:
     """The command line as the document records it: the real sample's paths replaced."""
-    out, hide = [], {"--real": "FOLDER", "--detectors": "FILE"}
-    it = iter(argv)
-    for tok in it:
-        key = tok.split("=", 1)[0]
-        if key in hide:
-            out += [key, hide[key]]
-            if "=" not in tok:
-                next(it, None)
-        else:
-            out.append(tok)
-    return "python -m pointformers.bench.realism" + ("".join(" " + shlex.quote(t) for t in out))
+    return recorded_command("pointformers.bench.realism", argv, {"--real": "FOLDER", "--detectors": "FILE"})
 
 
 # ------------------------------------------------------------------------------ data

@@ -26,7 +26,6 @@ metric, minimised), ``mae_per_atom`` -- mean |E_pred − E| / n, and ``loss``.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np

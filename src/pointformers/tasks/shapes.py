@@ -45,7 +45,6 @@ parts of each shape's category (PointNet's protocol), point accuracy ``point_acc
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
