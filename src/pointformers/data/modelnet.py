@@ -81,7 +81,7 @@ def prepare_points(points: np.ndarray, num_points: int | None, sampling: str, no
     return idx, p.astype(np.float32)
 
 
-def _check_options(num_points: int | None, sampling: str) -> None:
+def check_sampling_options(num_points: int | None, sampling: str) -> None:
     if num_points is not None and (isinstance(num_points, bool) or not isinstance(num_points, (int, np.integer))
                                    or num_points < 1):
         raise ValueError(f"num_points: expected an integer >= 1 or None, got {num_points!r}")
@@ -89,7 +89,7 @@ def _check_options(num_points: int | None, sampling: str) -> None:
         raise ValueError(f"sampling: expected one of {list(SAMPLINGS)}, got {sampling!r}")
 
 
-def _fingerprint(paths: Sequence[Path]) -> list:
+def files_fingerprint(paths: Sequence[Path]) -> list:
     out = []
     for p in paths:
         st = p.stat()
@@ -100,7 +100,7 @@ def _fingerprint(paths: Sequence[Path]) -> list:
 def _cached(cache_dir, prefix: str, key: dict, files: Sequence[Path], build) -> ShapeCloudSet:
     if cache_dir is None:
         return build()
-    key = dict(key, files=_fingerprint(files))
+    key = dict(key, files=files_fingerprint(files))
     arrays = cached_arrays(Path(cache_dir) / "modelnet", prefix, key, lambda: pack_clouds(build()))
     return unpack_clouds(arrays)
 
@@ -122,7 +122,7 @@ def load_modelnet_normal_resampled(
         raise ValueError(f"split: expected 'train' or 'test' (ModelNet has no val list), got {split!r}")
     if variant not in ("modelnet40", "modelnet10"):
         raise ValueError(f"variant: expected 'modelnet40' or 'modelnet10', got {variant!r}")
-    _check_options(num_points, sampling)
+    check_sampling_options(num_points, sampling)
     if not root.is_dir():
         raise ValueError(f"root: {root} is not a folder")
     names_file = root / f"{variant}_shape_names.txt"
@@ -192,7 +192,7 @@ def load_modelnet_h5(
     root = Path(root)
     if split not in ("train", "test"):
         raise ValueError(f"split: expected 'train' or 'test', got {split!r}")
-    _check_options(num_points, sampling)
+    check_sampling_options(num_points, sampling)
     list_file = root / f"{split}_files.txt"
     names_file = root / "shape_names.txt"
     classes = read_name_list(names_file, "class name")

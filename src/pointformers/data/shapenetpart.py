@@ -24,7 +24,7 @@ import numpy as np
 
 from .cache import cached_arrays
 from .clouds import ShapeCloud, ShapeCloudSet, pack_clouds, unpack_clouds
-from .modelnet import _check_options, _fingerprint, prepare_points
+from .modelnet import check_sampling_options, files_fingerprint, prepare_points
 from .textio import read_numeric_table
 
 __all__ = ["CATEGORIES", "CATEGORY_PARTS", "PART_NAMES", "read_shapenetpart_txt", "load_shapenetpart"]
@@ -124,7 +124,7 @@ def load_shapenetpart(
     root = Path(root)
     if split not in (*_SPLITS, "trainval"):
         raise ValueError(f"split: expected one of {[*_SPLITS, 'trainval']}, got {split!r}")
-    _check_options(num_points, sampling)
+    check_sampling_options(num_points, sampling)
     if categories is not None:
         unknown = [c for c in categories if c not in CATEGORY_PARTS]
         if unknown:
@@ -175,6 +175,6 @@ def load_shapenetpart(
     key = {"reader": "shapenetpart", "version": 1, "root": str(root.resolve()), "split": split,
            "num_points": num_points, "sampling": sampling, "normalize": normalize,
            "categories": None if categories is None else list(categories), "seed": seed,
-           "files": _fingerprint([cat_file, *list_files, *(e[2] for e in entries)])}
+           "files": files_fingerprint([cat_file, *list_files, *(e[2] for e in entries)])}
     return unpack_clouds(cached_arrays(Path(cache_dir) / "shapenetpart", f"shapenetpart-{split}", key,
                                        lambda: pack_clouds(build())))
