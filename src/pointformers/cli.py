@@ -737,8 +737,29 @@ def _load_plugin_args(argv: list[str]) -> list[str]:
     return rest
 
 
+#: Optional dependencies (top-level module -> (pip name, extra in pyproject.toml)): a command that
+#: needs a missing one stops with a one-line error naming the extra to install.
+OPTIONAL_DEPENDENCIES: dict[str, tuple[str, str]] = {
+    "scipy": ("scipy", "tasks"), "sklearn": ("scikit-learn", "tasks"), "yaml": ("PyYAML", "tasks"),
+    "tqdm": ("tqdm", "tasks"), "matplotlib": ("matplotlib", "plots"), "onnx": ("onnx", "export"),
+    "onnxscript": ("onnxscript", "export"), "onnxruntime": ("onnxruntime", "export"), "h5py": ("h5py", "io"),
+    "uproot": ("uproot", "io"), "awkward": ("awkward", "io"), "tensorboard": ("tensorboard", "logging"),
+}
+
+
+def missing_dependency_message(exc: ImportError) -> str | None:
+    """The install hint for ``exc`` when it is a missing optional dependency, else None."""
+    top = (getattr(exc, "name", None) or "").split(".")[0]
+    if isinstance(exc, ModuleNotFoundError) and top in OPTIONAL_DEPENDENCIES:
+        pip_name, extra = OPTIONAL_DEPENDENCIES[top]
+        return (f"needs the optional package {pip_name}, which is not installed: pip install 'pointformers[{extra}]' "
+                "('pointformers[all]' installs what every command needs)")
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point. Returns the exit status: 0 ok, 2 bad arguments/config, 130 interrupted."""
+    """Entry point. Returns the exit status: 0 ok, 2 bad arguments/config or a missing optional
+    dependency (the message names the extra to install), 130 interrupted."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -770,6 +791,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ValueError as exc:  # config and input errors: one line, no traceback
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"pointformers {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # an optional dependency of this command is not installed
+        msg = missing_dependency_message(exc)
+        if msg is None:
+            raise
         print(f"pointformers {args.command}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

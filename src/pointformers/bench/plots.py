@@ -11,7 +11,11 @@ from __future__ import annotations
 import math
 import os
 
-import matplotlib
+try:
+    import matplotlib
+except ModuleNotFoundError as exc:  # optional dependency: the 'plots' extra
+    raise ModuleNotFoundError("pointformers.bench.plots needs matplotlib: pip install 'pointformers[plots]'",
+                              name=exc.name) from exc
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -422,11 +422,7 @@ def plot_features(gen: np.ndarray, real: np.ndarray | None, path: str | os.PathL
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
-    out = atomic_write(path, lambda f: f.write(buf.getvalue()))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(out, 0o666 & ~umask)  # the temporary file was private; a plot is an ordinary file
-    return out
+    return atomic_write(path, lambda f: f.write(buf.getvalue()))  # with the user's umask
 
 
 # ------------------------------------------------------------------------------ markdown

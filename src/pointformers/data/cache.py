@@ -12,12 +12,13 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
+
+from ..files import atomic_write
 
 _PARAMS_KEY = "__cache_params__"
 
@@ -72,19 +73,8 @@ def save_arrays(path: str | os.PathLike, params: Mapping[str, Any], arrays: Mapp
     path.parent.mkdir(parents=True, exist_ok=True)
     if _PARAMS_KEY in arrays:
         raise ValueError(f"arrays: the key {_PARAMS_KEY!r} is reserved")
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **{_PARAMS_KEY: np.array(canonical_json(params))}, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    # atomic, and with the user's umask (a cache shared by a group stays readable)
+    atomic_write(path, lambda f: np.savez(f, **{_PARAMS_KEY: np.array(canonical_json(params))}, **arrays))
 
 
 def cached_arrays(

@@ -39,7 +39,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
-from scipy.spatial import ConvexHull
+
+try:
+    from scipy.spatial import ConvexHull
+except ModuleNotFoundError as exc:  # optional dependency: the 'tasks' extra
+    raise ModuleNotFoundError("pointformers.data.shapes needs scipy: pip install 'pointformers[tasks]'",
+                              name=exc.name) from exc
 
 from .cache import cache_path, cached_arrays, default_cache_dir, save_arrays
 from .clouds import ShapeCloud, ShapeCloudSet, pack_clouds, unpack_clouds

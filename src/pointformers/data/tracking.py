@@ -99,7 +99,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from scipy.spatial import cKDTree
+
+try:
+    from scipy.spatial import cKDTree
+except ModuleNotFoundError as exc:  # optional dependency: the 'tasks' extra
+    raise ModuleNotFoundError("pointformers.data.tracking needs scipy: pip install 'pointformers[tasks]'",
+                              name=exc.name) from exc
 
 from .cache import (cache_path, cached_arrays, default_cache_dir, finite_param, param_error, params_from_preset,
                     resolve_generator_params, save_arrays)

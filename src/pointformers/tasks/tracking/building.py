@@ -22,8 +22,13 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from sklearn.cluster import DBSCAN
-from sklearn.neighbors import NearestNeighbors
+
+try:
+    from sklearn.cluster import DBSCAN
+    from sklearn.neighbors import NearestNeighbors
+except ModuleNotFoundError as exc:  # optional dependency: the 'tasks' extra
+    raise ModuleNotFoundError("pointformers.tasks.tracking.building needs scikit-learn: "
+                              "pip install 'pointformers[tasks]'", name=exc.name) from exc
 
 from .trackml_score import trackml_score, trackml_score_split
 

@@ -24,9 +24,14 @@ from typing import Literal, Sequence, Union
 
 import numpy as np
 import torch
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
-from scipy.spatial import cKDTree
+
+try:
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    from scipy.spatial import cKDTree
+except ModuleNotFoundError as exc:  # optional dependency: the 'tasks' extra
+    raise ModuleNotFoundError("pointformers.tasks.tracking needs scipy: pip install 'pointformers[tasks]'",
+                              name=exc.name) from exc
 
 from ...data.event import CLUSTER_FEATURES, TrackingEvent
 

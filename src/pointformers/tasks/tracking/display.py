@@ -36,7 +36,12 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from scipy.spatial import cKDTree
+
+try:
+    from scipy.spatial import cKDTree
+except ModuleNotFoundError as exc:  # optional dependency: the 'tasks' extra
+    raise ModuleNotFoundError("pointformers.tasks.tracking.display needs scipy: pip install 'pointformers[tasks]'",
+                              name=exc.name) from exc
 
 from .core import cluster_tracks
 
