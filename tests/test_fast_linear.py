@@ -77,7 +77,7 @@ def test_sft_float32_fast_path_equals_general_path(onednn, norm_position, k):
         else:
             with fast_linear.disabled():
                 fast = blk(x)
-        blk.attn.fast_inference = False
+        blk.mixer.fast_inference = False
         general = blk(x)
     torch.testing.assert_close(fast, general, rtol=1e-4, atol=1e-4)
 

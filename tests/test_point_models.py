@@ -6,10 +6,10 @@ import torch
 
 import pointformers.models  # noqa: F401  (registers the models)
 from pointformers.attention.full import FullAttention
-from pointformers.attention.sft import SFTEncoder
 from pointformers.models import build
 from pointformers.models.flt_models import ExactRPEAttention, FLTAttention
 from pointformers.models.sampled_models import coordinate_cycle, farthest_point_sample, knn_group
+from pointformers.models.sft_models import SFTEncoder
 from pointformers.models.sft_models import PAPER_CLS
 
 CLASSIFIERS = ["sft-cls", "sft-ri-cls", "full-cls", "samsa-cls", "sampled-cls", "sampled-hier-cls", "mlp-cls"]
@@ -152,7 +152,7 @@ def test_full_twins_use_full_attention_in_the_same_layout():
     seg = _model("full-partseg")
     assert all(isinstance(b.mixer, FullAttention) for b in seg.encoder.blocks)
     samsa = build("samsa-cls", attention="full")
-    assert all(isinstance(b.attn, FullAttention) for b in samsa.backbone.encoder.blocks)
+    assert all(isinstance(b.mixer, FullAttention) for b in samsa.backbone.encoder.blocks)
     basic = build("sampled-cls", attention="full")
     assert isinstance(basic.block.mixer, FullAttention)
     hier = build("sampled-hier-cls", attention="full")
@@ -243,6 +243,6 @@ def test_bad_inputs_raise_value_errors():
 def test_paper_options_build_the_published_sizes():
     m = build("sft-cls", **PAPER_CLS)
     assert len(m.encoder.encoder.blocks) == 8 and m.encoder.dim == 256
-    attn = m.encoder.encoder.blocks[0].attn
+    attn = m.encoder.encoder.blocks[0].mixer
     assert attn.heads == 16 and attn.k == 256 and attn.sampler.drop_token == 0.5 and m.head.sampler.k == 512
     assert math.isclose(attn.qk_dropout.p, 0.1)

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 import pointformers.attention.samsa  # noqa: F401  (registers "samsa")
 from pointformers.attention import build
-from pointformers.attention.samsa import SAMSAAttention, SAMSABlock, SAMSAEncoder, samsa_select
+from pointformers.attention.samsa import SAMSAAttention, SAMSABlock, samsa_select
+from pointformers.models.samsa_models import SAMSAEncoder
 from pointformers.attention.sampling import gumbel_noise
 
 DIM = 12

@@ -67,11 +67,11 @@ def test_gradients_reach_every_parameter(name):
 
 def test_full_twin_is_the_samsa_layout_with_full_attention():
     samsa, twin = _model("samsa-seq"), _model("full-seq")
-    assert all(isinstance(b.attn, SAMSAAttention) for b in samsa.backbone.encoder.blocks)
-    assert all(isinstance(b.attn, FullAttention) for b in twin.backbone.encoder.blocks)
+    assert all(isinstance(b.mixer, SAMSAAttention) for b in samsa.backbone.encoder.blocks)
+    assert all(isinstance(b.mixer, FullAttention) for b in twin.backbone.encoder.blocks)
     assert len(samsa.backbone.encoder.blocks) == len(twin.backbone.encoder.blocks)
     # identical parameters outside the token mixers
-    outside = lambda m: {k: v.shape for k, v in m.state_dict().items() if ".attn." not in k}  # noqa: E731
+    outside = lambda m: {k: v.shape for k, v in m.state_dict().items() if ".mixer." not in k}  # noqa: E731
     assert outside(samsa) == outside(twin)
 
 

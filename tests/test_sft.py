@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 import pointformers.attention.sft  # noqa: F401  (registers "sft")
-from pointformers.attention import build
-from pointformers.attention.sft import (SFTAttention, SFTBlock, SFTEncoder, SFTSampler, maxout_scores,
-                                        maxout_scores_dense)
+from pointformers.attention import ForwardContext, build
+from pointformers.attention.sft import SFTAttention, SFTBlock, SFTSampler, maxout_scores, maxout_scores_dense
+from pointformers.models.sft_models import SFTEncoder
 
 DIM = 12
 
@@ -193,7 +193,7 @@ def _ranks(leaky):
     ranks = []
     with torch.no_grad():
         for blk in enc.blocks:
-            x = blk(x, None, edge_attr=e)
+            x = blk(x, None, None, context=ForwardContext(edge_attr=e))
             ranks.append(int(torch.linalg.matrix_rank(x[0], rtol=1e-7)))
     return ranks
 
@@ -451,16 +451,16 @@ def test_eval_fast_path_equals_general_path(norm_position, opts, k):
     with torch.no_grad():
         for b, xb in enumerate(xs):
             xb = xb[None]
-            assert blk.attn.fast_path_applies(xb)
-            fast, fast_attn = blk(xb), blk.attn(xb)
+            assert blk.mixer.fast_path_applies(xb)
+            fast, fast_attn = blk(xb), blk.mixer(xb)
             assert torch.equal(blk(xb, None, torch.ones(1, len(xs[b]), dtype=torch.bool)), fast)  # all-True mask
-            blk.attn.fast_inference = False
-            general, general_attn = blk(xb), blk.attn(xb)
-            blk.attn.fast_inference = True
+            blk.mixer.fast_inference = False
+            general, general_attn = blk(xb), blk.mixer(xb)
+            blk.mixer.fast_inference = True
             torch.testing.assert_close(fast, general, atol=1e-12, rtol=0)
             torch.testing.assert_close(fast_attn, general_attn, atol=1e-12, rtol=0)
             if not ({"hard_eval", "leak_mode"} & opts.keys()):   # the literal formulas (soft duplets, summed leak)
-                ref = sft_reference(blk.attn, xb, None, torch.ones(xb.shape[:2], dtype=torch.bool))
+                ref = sft_reference(blk.mixer, xb, None, torch.ones(xb.shape[:2], dtype=torch.bool))
                 torch.testing.assert_close(fast_attn, ref, atol=1e-12, rtol=0)
             # a padded batch (general path) gives the cloud the same output as the fast path alone
             torch.testing.assert_close(blk(x, None, mask)[b][mask[b]], fast[0], atol=1e-12, rtol=0)
@@ -475,7 +475,7 @@ def test_fast_path_keeps_the_input_checks():
         for bad in (float("nan"), float("inf")):
             xb = x.clone()
             xb[1, 3, 2] = bad
-            for f in (blk, blk.attn):
+            for f in (blk, blk.mixer):
                 with pytest.raises(ValueError, match="NaN or inf"):
                     f(xb)
                 with pytest.raises(ValueError, match="NaN or inf"):
@@ -486,7 +486,7 @@ def test_fast_path_keeps_the_input_checks():
             blk(x, None, torch.ones(2, 10))
         with pytest.raises(ValueError, match="pos"):
             blk(x, torch.randn(2, 9, 3))
-        blk.attn(torch.full((1, 4, DIM), 3e38))        # finite, but its sum overflows: accepted, no error
+        blk.mixer(torch.full((1, 4, DIM), 3e38))        # finite, but its sum overflows: accepted, no error
         y = x.clone()
         blk(y)
         assert torch.equal(y, x)                         # the caller's tensor is never written in place

@@ -45,12 +45,15 @@ class ForwardContext:
 
     Args:
         pos: (B, N, P) coordinates every layer sees (or None); mask: (B, N) real points (or None).
+        **inputs: further inputs of the forward pass that a mechanism reads in every layer (in
+            :attr:`inputs`; SFT's ``edge_attr``), so that blocks pass nothing but the context.
     A mixer asks for its prepared state with :meth:`TokenMixer.prepared`; the first layer with a
     given :meth:`~TokenMixer.prepare_key` computes it, the others reuse it.
     """
 
-    def __init__(self, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+    def __init__(self, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None, **inputs):
         self.pos, self.mask = pos, mask
+        self.inputs: dict = inputs
         self._store: dict = {}
 
     def get(self, key, compute):
@@ -72,8 +75,10 @@ class ForwardContext:
 
 
 class TokenMixer(nn.Module):
-    """Base class of the mechanisms: ``dim`` and ``heads``, the zero-padding rule, the shared-work
-    protocol (:meth:`prepare`, :meth:`prepare_key`, :meth:`prepared`) and the export flag."""
+    """Base class of the mechanisms: ``dim`` and ``heads``, the q/k/v/out projections and their
+    head split/merge (:meth:`_init_projections`, :meth:`heads_of`, :meth:`merge_heads`), the
+    zero-padding rule, the shared-work protocol (:meth:`prepare`, :meth:`prepare_key`,
+    :meth:`prepared`), how a block calls it (:meth:`mix`, :meth:`fused_residual`) and the export flag."""
 
     #: Export mode (see :func:`set_exportable`): the forward pass takes the mechanism's static-graph path.
     exportable: bool = False
@@ -91,6 +96,49 @@ class TokenMixer(nn.Module):
     def zero_padding(y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Set padded rows of ``y`` (B, N, D) to zero."""
         return y.masked_fill(~mask.unsqueeze(-1), 0.0)
+
+    # ---------------------------------------------------------------- projections
+    def _init_projections(self, inner: int, bias: bool = False, kv: bool = True, out: bool = True) -> None:
+        """Create ``w_q`` (and, with ``kv``, ``w_k``, ``w_v``): ``nn.Linear(dim, inner, bias=bias)``, and
+        with ``out`` the output projection ``out_linear = nn.Linear(inner, dim)`` (always with a bias),
+        in this order (the order of their random initialisation). ``out=False``: the mechanism
+        creates ``out_linear`` itself, after projections of its own (SFT's leak ``w_c``)."""
+        self.w_q = nn.Linear(self.dim, inner, bias=bias)
+        if kv:
+            self.w_k = nn.Linear(self.dim, inner, bias=bias)
+            self.w_v = nn.Linear(self.dim, inner, bias=bias)
+        if out:
+            self.out_linear = nn.Linear(inner, self.dim)
+
+    def heads_of(self, t: torch.Tensor) -> torch.Tensor:
+        """Split the heads of a projection: (B, N, H·d) -> (B, H, N, d) (a view)."""
+        B, N, _ = t.shape
+        return t.view(B, N, self.heads, -1).transpose(1, 2)
+
+    def merge_heads(self, o: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Concatenate the heads (h-major) and project out: o (B, H, N, d) -> ``out_linear`` (B, N, D),
+        padded rows zero. ``dtype``: cast the concatenation to it first (e.g. back from a work dtype)."""
+        B, H, N, d = o.shape
+        o = o.transpose(1, 2).reshape(B, N, H * d)
+        return self.zero_padding(self.out_linear(o if dtype is None else o.to(dtype)), mask)
+
+    # ---------------------------------------------------------------- how a block calls the mixer
+    def mix(self, x: torch.Tensor, h: torch.Tensor, pos: torch.Tensor | None, mask: torch.Tensor | None,
+            context: "ForwardContext | None" = None) -> torch.Tensor:
+        """The mixer inside a block (:class:`~pointformers.nn.transformer_block.TransformerBlock`):
+        mix ``h``, the block's normalised input, where ``x`` is that input before the norm (the two
+        are the same tensor where the block has no norm before the mixer). Default:
+        ``self(h, pos, mask, context=context)``; a mechanism that also reads ``x`` overrides it
+        (SAMSA scores the un-normalised tokens with ``score_input="raw"``)."""
+        return self(h, pos, mask, context=context)
+
+    def fused_residual(self, x: torch.Tensor, pos: torch.Tensor | None, mask: torch.Tensor | None,
+                       norm: nn.Module | None = None) -> torch.Tensor | None:
+        """``x + self(norm(x), pos, mask)`` through the mechanism's own inference kernels, or None where
+        it has none for these inputs (default: never). A block asks in eval without autograd
+        (class doc of :class:`~pointformers.nn.transformer_block.TransformerBlock`); a mechanism
+        that answers checks the inputs as its forward does. ``norm`` None: no norm."""
+        return None
 
     # ---------------------------------------------------------------- shared work
     def prepare(self, pos: torch.Tensor | None, mask: torch.Tensor):

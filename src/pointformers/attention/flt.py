@@ -34,7 +34,7 @@ from torch import nn
 from .base import TokenMixer, check_attention_inputs
 from .flop_count import FlopCount, favor_features, favor_products, projections
 from .random_features import (CAUSAL_EXPORT_REFUSAL, GaussianNoise, OrthogonalFeatures, compute_dtype,
-                              dense_softmax_attention, favor_attention, resolve_seed, split_heads)
+                              dense_softmax_attention, favor_attention, resolve_seed)
 from .registry import register
 
 RPE_TYPES = ("gaussian_mixture", "local", "gaussian_basis")
@@ -137,11 +137,7 @@ class FLTAttention(TokenMixer):
         self.causal, self.chunk_size = bool(causal), chunk_size
         H, r, d = heads, num_rpe_features, self.head_dim
 
-        inner = H * d
-        self.w_q = nn.Linear(dim, inner, bias=bias)
-        self.w_k = nn.Linear(dim, inner, bias=bias)
-        self.w_v = nn.Linear(dim, inner, bias=bias)
-        self.out_linear = nn.Linear(inner, dim)
+        self._init_projections(H * d, bias)
 
         # --- learned spectrum g: weights (linear in g), and the shape parameters of each family.
         # The paper gives no inits; where it is silent, we use these.
@@ -277,15 +273,11 @@ class FLTAttention(TokenMixer):
         x = x.masked_fill(~mask.unsqueeze(-1), 0.0)
         cd = compute_dtype(x.dtype)
         scale = self.head_dim ** -0.25
-        q = split_heads(self.w_q(x), self.heads).to(cd) * scale
-        k = split_heads(self.w_k(x), self.heads).to(cd) * scale
-        v = split_heads(self.w_v(x), self.heads).to(cd)
+        q = self.heads_of(self.w_q(x)).to(cd) * scale
+        k = self.heads_of(self.w_k(x)).to(cd) * scale
+        v = self.heads_of(self.w_v(x)).to(cd)
         n1, n2 = self.rpe_features(pos, mask, eps, dtype=cd)
         return torch.cat([n1, q], -1), torch.cat([n2, k], -1), v
-
-    def merge_heads(self, o: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        B, H, N, d = o.shape
-        return self.zero_padding(self.out_linear(o.transpose(1, 2).reshape(B, N, H * d).to(dtype)), mask)
 
     def check(self, x, pos, mask) -> torch.Tensor:
         return check_attention_inputs(x, pos, mask, dim=self.dim, pos_dim=self.coord_dim, requires_pos=True,
@@ -310,9 +302,9 @@ class FLTAttention(TokenMixer):
         mask = self.check(x, pos, mask)
         x0 = x.masked_fill(~mask.unsqueeze(-1), 0.0)
         cd = compute_dtype(x.dtype)
-        q = split_heads(self.w_q(x0), self.heads).to(cd)
-        k = split_heads(self.w_k(x0), self.heads).to(cd)
-        v = split_heads(self.w_v(x0), self.heads).to(cd)
+        q = self.heads_of(self.w_q(x0)).to(cd)
+        k = self.heads_of(self.w_k(x0)).to(cd)
+        v = self.heads_of(self.w_v(x0)).to(cd)
         p = self.centred_positions(pos, mask).to(cd)
         rpe = self.rpe_function(p[:, :, None, :] - p[:, None, :, :]).permute(0, 3, 1, 2)  # (B, H, N, N)
         logits = rpe + q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from .base import TokenMixer, check_attention_inputs
 from .flop_count import FlopCount, dense_core, projections
@@ -36,10 +35,7 @@ class FullAttention(TokenMixer):
         super().__init__(dim, heads)
         self.head_dim = head_dim or (dim // heads if dim % heads == 0 else dim)
         inner = heads * self.head_dim
-        self.w_q = nn.Linear(dim, inner, bias=bias)
-        self.w_k = nn.Linear(dim, inner, bias=bias)
-        self.w_v = nn.Linear(dim, inner, bias=bias)
-        self.out_linear = nn.Linear(inner, dim)
+        self._init_projections(inner, bias)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 context=None) -> torch.Tensor:
@@ -48,14 +44,8 @@ class FullAttention(TokenMixer):
         mask = check_attention_inputs(x, pos, mask, dim=self.dim, who="full")
         if not unpadded:  # padding may hold anything (NaN too): keep it out of the keys and values
             x = x.masked_fill(~mask[..., None], 0.0)
-        B, N, _ = x.shape
-        H, d = self.heads, self.head_dim
-        q = self.w_q(x).view(B, N, H, d).transpose(1, 2)
-        k = self.w_k(x).view(B, N, H, d).transpose(1, 2)
-        v = self.w_v(x).view(B, N, H, d).transpose(1, 2)
+        q, k, v = self.heads_of(self.w_q(x)), self.heads_of(self.w_k(x)), self.heads_of(self.w_v(x))
         # the key mask only when there is padding; export mode cannot look (host read), so a given mask is used
         no_padding = unpadded or (not self.exportable and bool(mask.all()))
         attn_mask = None if no_padding else mask[:, None, None, :]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        y = self.out_linear(o.transpose(1, 2).reshape(B, N, H * d))
-        return self.zero_padding(y, mask)
+        return self.merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask), mask)

@@ -61,10 +61,7 @@ class KernelAttention(TokenMixer):
         self.coord_dim = coord_dim
         self.tie_first_two = bool(tie_first_two and coord_dim >= 2)
         inner = heads * self.head_dim
-        self.w_q = nn.Linear(dim, inner, bias=False)
-        self.w_k = nn.Linear(dim, inner, bias=False)
-        self.w_v = nn.Linear(dim, inner, bias=False)
-        self.out_linear = nn.Linear(inner, dim)
+        self._init_projections(inner)
         n_omega = coord_dim - 1 if self.tie_first_two else coord_dim
         self.log_omega = nn.Parameter(torch.full((heads, n_omega), math.log(omega_init)))
 
@@ -122,11 +119,6 @@ class KernelAttention(TokenMixer):
         wk = torch.cat([projection(self.key_projection().weight), coords, one_row, zero_row], 1).reshape(-1, Din)
         wv = torch.cat([projection(self.w_v.weight), one_row], 1).reshape(-1, Din)
         return xp.reshape(B * Np, Din), wq, wk, wv
-
-    def merge_heads(self, o: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(B, H, N, d) -> out_linear of the h-major concatenation, (B, N, D), padded rows zero."""
-        B, H, N, d = o.shape
-        return self.zero_padding(self.out_linear(o.transpose(1, 2).reshape(B, N, H * d)), mask)
 
     def check(self, x, pos, mask, who: str):
         return check_attention_inputs(x, pos, mask, dim=self.dim, pos_dim=self.coord_dim,

@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from .base import ForwardContext, TokenMixer, check_attention_inputs
 from .flop_count import FlopCount, dense_core, projections
@@ -114,10 +113,7 @@ class KNNAttention(TokenMixer):
         self.chunk_size = chunk_size
         self.scale = self.head_dim ** -0.5
         inner = heads * self.head_dim
-        self.w_q = nn.Linear(dim, inner, bias=bias)
-        self.w_k = nn.Linear(dim, inner, bias=bias)
-        self.w_v = nn.Linear(dim, inner, bias=bias)
-        self.out_linear = nn.Linear(inner, dim)
+        self._init_projections(inner, bias)
 
     def _chunk(self, B: int, N: int) -> int:
         return self.chunk_size or max(1, DEFAULT_CHUNK_ELEMS // (B * N))
@@ -206,6 +202,4 @@ class KNNAttention(TokenMixer):
         """The same output by dense masked softmax over :meth:`attention_pattern` (O(N²), for tests)."""
         mask = self._check(x, pos, mask)
         q, k, v = (t.transpose(1, 2) for t in self._qkv(x, mask))
-        o = masked_softmax_attention(q, k, v, self.attention_pattern(pos, mask), self.scale)
-        B, H, N, d = o.shape
-        return self.zero_padding(self.out_linear(o.transpose(1, 2).reshape(B, N, H * d)), mask)
+        return self.merge_heads(masked_softmax_attention(q, k, v, self.attention_pattern(pos, mask), self.scale), mask)

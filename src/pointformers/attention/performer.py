@@ -8,12 +8,11 @@ softmax(QKᵀ/√d) ≈ D̂⁻¹ Q'(K'ᵀV), with Q' = ϕ(Q d^{-1/4}), K' = ϕ(K
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from .base import TokenMixer, check_attention_inputs
 from .flop_count import FlopCount, favor_features, favor_products, projections
 from .random_features import (CAUSAL_EXPORT_REFUSAL, OrthogonalFeatures, compute_dtype, dense_softmax_attention,
-                              favor_attention, resolve_seed, split_heads)
+                              favor_attention, resolve_seed)
 from .registry import register
 
 
@@ -63,10 +62,7 @@ class PerformerAttention(TokenMixer):
         self.causal = bool(causal)
         self.chunk_size = chunk_size
         inner = heads * self.head_dim
-        self.w_q = nn.Linear(dim, inner, bias=bias)
-        self.w_k = nn.Linear(dim, inner, bias=bias)
-        self.w_v = nn.Linear(dim, inner, bias=bias)
-        self.out_linear = nn.Linear(inner, dim)
+        self._init_projections(inner, bias)
         self.features = OrthogonalFeatures(nb_features, self.head_dim, redraw, resolve_seed(seed, generator), stream=0)
 
     def qkv(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -77,16 +73,10 @@ class PerformerAttention(TokenMixer):
         x = x.masked_fill(~mask.unsqueeze(-1), 0.0)
         cd = compute_dtype(x.dtype)
         scale = self.head_dim ** -0.25
-        q = split_heads(self.w_q(x), self.heads).to(cd) * scale
-        k = split_heads(self.w_k(x), self.heads).to(cd) * scale
-        v = split_heads(self.w_v(x), self.heads).to(cd)
+        q = self.heads_of(self.w_q(x)).to(cd) * scale
+        k = self.heads_of(self.w_k(x)).to(cd) * scale
+        v = self.heads_of(self.w_v(x)).to(cd)
         return q, k, v
-
-    def merge_heads(self, o: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """(B, H, N, d) -> out_linear(concat heads), (B, N, D), padded rows zero."""
-        B, H, N, d = o.shape
-        y = self.out_linear(o.transpose(1, 2).reshape(B, N, H * d).to(dtype))
-        return self.zero_padding(y, mask)
 
     def export_refusal(self) -> str | None:
         return CAUSAL_EXPORT_REFUSAL if self.causal else super().export_refusal()

@@ -265,13 +265,7 @@ def dense_softmax_attention(logits: torch.Tensor, v: torch.Tensor, mask: torch.T
     return w @ v
 
 
-def split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """(B, N, H·d) -> (B, H, N, d)."""
-    B, N, _ = t.shape
-    return t.view(B, N, heads, -1).transpose(1, 2)
-
-
 __all__ = ["RandomDraws", "OrthogonalFeatures", "GaussianNoise", "orthogonal_gaussian", "parse_redraw",
            "resolve_seed", "draw_generator", "query_features", "key_exponents", "linear_attention",
            "causal_linear_attention", "favor_attention", "dense_softmax_attention", "compute_dtype",
-           "split_heads", "REDRAW_NEVER", "REDRAW_EVERY", "CAUSAL_EXPORT_REFUSAL"]
+           "REDRAW_NEVER", "REDRAW_EVERY", "CAUSAL_EXPORT_REFUSAL"]

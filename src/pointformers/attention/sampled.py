@@ -57,7 +57,6 @@ residual of Eq. 5b.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from .base import ForwardContext, TokenMixer, check_attention_inputs
 from .flop_count import FlopCount, dense_core, projections
@@ -151,10 +150,7 @@ class SampledAttention(TokenMixer):
         self.head_dim = head_dim or (dim // heads if dim % heads == 0 else dim)
         self.scale = self.head_dim ** -0.5 if scale is None else float(scale)
         inner = heads * self.head_dim
-        self.w_q = nn.Linear(dim, inner, bias=bias)
-        self.w_k = nn.Linear(dim, inner, bias=bias)
-        self.w_v = nn.Linear(dim, inner, bias=bias)
-        self.out_linear = nn.Linear(inner, dim)
+        self._init_projections(inner, bias)
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
         self.register_buffer("seed", torch.tensor(int(seed), dtype=torch.int64))

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..nn.transformer_block import TransformerBlock
 from .base import TokenMixer, check_attention_inputs, is_tracing
 from .flop_count import FlopCount, dense_core, projections
 from .registry import register
@@ -113,18 +114,6 @@ def samsa_select(z: torch.Tensor, kv: torch.Tensor, k: int, *, tau: float, mode:
     return out.to(kv.dtype), order[..., :k], vs
 
 
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x²) + eps) · weight over the last dim."""
-
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
 def samsa_flops(m: "SAMSAAttention", n: int, dim: int, pos_dim: int | None = None) -> FlopCount:
     """Projections, the importance MLP and every head's n queries against its k selected keys."""
     H, d = m.heads, m.head_dim
@@ -137,7 +126,7 @@ def samsa_flops(m: "SAMSAAttention", n: int, dim: int, pos_dim: int | None = Non
 
 @register("samsa", flops=samsa_flops, bench={"k": 256})
 class SAMSAAttention(TokenMixer):
-    """SAMSA sampled multi-head softmax attention (the token mixer; norm, ReZero and FFN in :class:`SAMSABlock`).
+    """SAMSA sampled multi-head softmax attention (the token mixer; norm, ReZero and FFN: :func:`SAMSABlock`).
 
     Args:
         dim: model width D.
@@ -154,16 +143,20 @@ class SAMSAAttention(TokenMixer):
         imp_hidden: hidden width of the importance MLP (default D).
         gumbel: add Gumbel noise to the scores in training.
         bias: biases on the Q/K/V projections (the output projection always has one).
+        score_input: inside a block (:meth:`mix`), which tokens the importance MLP scores:
+            ``"normed"`` (default: where the paper is silent on the importance MLP's input, we
+            score the normalised X̂ that the attention mixes) or ``"raw"`` (X before the block's
+            norm, Alg. 1 line 7).
     Shapes: x (B, N, D), mask (B, N) -> (B, N, D), padded rows zero. ``pos`` is accepted and ignored
     (coordinates are token features here). Keyword ``score_x`` (B, N, D): score another tensor than
-    x (Algorithm 1 scores the un-normalised X; :class:`SAMSABlock` passes it with
-    ``score_input="raw"``). Cost O(N·k·D) time and O(N·k·h) memory; O(k²·h) for the proxy.
+    x (what :meth:`mix` passes with ``score_input="raw"``). Cost O(N·k·D) time and O(N·k·h)
+    memory; O(k²·h) for the proxy.
     """
 
     def __init__(self, dim: int, heads: int = 4, k: int = 256, head_dim: int | None = None, mode: str = "hard",
                  tau: float | None = None, proxy: str = "pairwise_sigmoid", support: bool = True,
                  eval_soft: bool = True, kv_grad: str = "hard", imp_hidden: int | None = None,
-                 gumbel: bool = True, bias: bool = True):
+                 gumbel: bool = True, bias: bool = True, score_input: str = "normed"):
         super().__init__(dim, heads)
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
@@ -173,17 +166,17 @@ class SAMSAAttention(TokenMixer):
             raise ValueError(f"proxy must be 'pairwise_sigmoid' or 'softmax_group', got {proxy!r}")
         if kv_grad not in ("hard", "soft"):
             raise ValueError(f"kv_grad must be 'hard' or 'soft', got {kv_grad!r}")
+        if score_input not in ("normed", "raw"):
+            raise ValueError(f"score_input must be 'normed' or 'raw', got {score_input!r}")
         tau = (1.0 if mode == "hard" else 0.1) if tau is None else tau
         if not tau > 0:
             raise ValueError(f"tau must be > 0, got {tau!r}")
         self.k, self.mode, self.tau, self.proxy = k, mode, float(tau), proxy
         self.support, self.eval_soft, self.kv_grad, self.gumbel = support, eval_soft, kv_grad, gumbel
+        self.score_input = score_input
         self.head_dim = head_dim or (dim // heads if dim % heads == 0 else dim)
         inner = heads * self.head_dim
-        self.w_q = nn.Linear(dim, inner, bias=bias)
-        self.w_k = nn.Linear(dim, inner, bias=bias)
-        self.w_v = nn.Linear(dim, inner, bias=bias)
-        self.out_linear = nn.Linear(inner, dim)
+        self._init_projections(inner, bias)
         hid = imp_hidden or dim
         self.importance = nn.Sequential(nn.Linear(dim, hid), nn.GELU(), nn.Linear(hid, heads))
         if support:
@@ -199,6 +192,12 @@ class SAMSAAttention(TokenMixer):
         """Per-head importance scores (B, h, N) in the work dtype, ``-inf`` at padding."""
         s = self.importance(x).to(work_dtype(x.dtype)).transpose(1, 2)
         return s.masked_fill(~mask[:, None, :], NEG_INF)
+
+    def mix(self, x: torch.Tensor, h: torch.Tensor, pos: torch.Tensor | None, mask: torch.Tensor | None,
+            context=None) -> torch.Tensor:
+        """In a block: attend over ``h`` (the normalised tokens) and score ``x`` (the tokens before the
+        block's norm) with ``score_input="raw"``, ``h`` otherwise."""
+        return self(h, pos, mask, context, score_x=x if self.score_input == "raw" else None)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 context=None, *, score_x: torch.Tensor | None = None) -> torch.Tensor:
@@ -217,7 +216,7 @@ class SAMSAAttention(TokenMixer):
         x = x.masked_fill(~keep, 0.0)
         B, N, _ = x.shape
         H, d = self.heads, self.head_dim
-        q = self.w_q(x).view(B, N, H, d).transpose(1, 2)
+        q = self.heads_of(self.w_q(x))
         kv = torch.cat([self.w_k(x).view(B, N, H, d), self.w_v(x).view(B, N, H, d)], -1).transpose(1, 2)  # (B,H,N,2d)
         s = self.scores(x if score_x is None else score_x, mask)                                         # (B,H,N)
         if self.support:
@@ -235,75 +234,32 @@ class SAMSAAttention(TokenMixer):
         else:
             attn_mask = key_valid[:, :, None, :]
         o = F.scaled_dot_product_attention(q, ks, vs, attn_mask=attn_mask)                               # (B,H,N,d)
-        y = self.out_linear(o.transpose(1, 2).reshape(B, N, H * d))
-        return self.zero_padding(y, mask)
+        return self.merge_heads(o, mask)
 
 
-class SAMSABlock(nn.Module):
-    """SAMSA layer (Algorithm 1): pre-RMSNorm, sampled attention and FFN, ReZero residuals.
+def SAMSABlock(dim: int, heads: int = 4, k: int = 256, ffn_mult: int = 4, parallel: bool = True,
+               dropout: float = 0.0, rezero: bool | nn.Parameter = True, **attn_options) -> TransformerBlock:
+    """SAMSA's layer (Algorithm 1): a :class:`~pointformers.nn.transformer_block.TransformerBlock` with
+    RMSNorm, ReZero residuals and a GELU FFN around :class:`SAMSAAttention`.
 
-    ``parallel=True`` (Alg. 1 as printed)::
+    ``parallel=True`` (Alg. 1 as printed; ``norm_position="parallel"``)::
 
         X̂ = RMSNorm(X);  X ← X + α·Attn(X̂);  X ← X + α·FFN(X̂)
 
-    ``parallel=False``: the FFN reads ``RMSNorm₂(X)`` after the attention residual instead.
-    α is a zero-initialised learnable scalar shared by all layers and both branches; a lone block
-    owns one, :class:`SAMSAEncoder` passes its shared α to every block.
+    ``parallel=False`` (``norm_position="pre"``): the FFN reads ``RMSNorm₂(X)`` after the attention
+    residual instead. α is a zero-initialised learnable scalar shared by all layers and both
+    branches: ``rezero=True`` gives a lone block its own (``alpha``), a stack passes its shared one
+    (:class:`~pointformers.models.samsa_models.SAMSAEncoder`).
 
     Args:
         dim, heads, k: as :class:`SAMSAAttention`.
-        ffn_mult: FFN expansion (GELU, 4).
-        parallel: see above.
-        score_input: ``"normed"`` (score X̂, default: where the paper is silent on the importance MLP's input, we score the normalised X̂) or ``"raw"`` (score X, Alg. 1 line 7).
-        dropout: residual dropout (0).
-        **attn_options: passed to :class:`SAMSAAttention` (mode, tau, proxy, support, ...).
+        ffn_mult: FFN expansion (GELU, 4). dropout: residual dropout (0).
+        parallel, rezero: see above.
+        **attn_options: passed to :class:`SAMSAAttention` (mode, tau, proxy, support, score_input, ...).
     Shapes: x (B, N, D), mask (B, N) -> (B, N, D), padded rows zero.
     """
-
-    def __init__(self, dim: int, heads: int = 4, k: int = 256, ffn_mult: int = 4, parallel: bool = True,
-                 score_input: str = "normed", dropout: float = 0.0, own_rezero: bool = True, **attn_options):
-        super().__init__()
-        if score_input not in ("normed", "raw"):
-            raise ValueError(f"score_input must be 'normed' or 'raw', got {score_input!r}")
-        self.parallel, self.score_input = parallel, score_input
-        self.norm = RMSNorm(dim)
-        self.norm2 = None if parallel else RMSNorm(dim)
-        self.attn = SAMSAAttention(dim, heads=heads, k=k, **attn_options)
-        self.ffn = nn.Sequential(nn.Linear(dim, ffn_mult * dim), nn.GELU(), nn.Linear(ffn_mult * dim, dim))
-        self.dropout = nn.Dropout(dropout)
-        self.alpha = nn.Parameter(torch.zeros(())) if own_rezero else None
-
-    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
-                alpha: torch.Tensor | None = None) -> torch.Tensor:
-        mask = check_attention_inputs(x, pos, mask, dim=self.attn.dim, who="samsa block")
-        alpha = self.alpha if alpha is None else alpha
-        if alpha is None:
-            raise ValueError("samsa block: built with own_rezero=False, so the shared alpha must be passed")
-        keep = mask.unsqueeze(-1)
-        x = x.masked_fill(~keep, 0.0)
-        xh = self.norm(x)
-        # score_x is SAMSA's own keyword; a twin model swaps in another mixer (``attn``) without it
-        kw = {"score_x": x} if self.score_input == "raw" and isinstance(self.attn, SAMSAAttention) else {}
-        x = x + alpha * self.dropout(self.attn(xh, pos, mask, **kw))
-        x = x + alpha * self.dropout(self.ffn(xh if self.parallel else self.norm2(x)))
-        return x.masked_fill(~keep, 0.0)
+    return TransformerBlock(dim, SAMSAAttention(dim, heads=heads, k=k, **attn_options), norm="rms",
+                            norm_position="parallel" if parallel else "pre", rezero=rezero, activation="gelu",
+                            ffn_mult=ffn_mult, dropout=dropout)
 
 
-class SAMSAEncoder(nn.Module):
-    """A stack of :class:`SAMSABlock` sharing one ReZero scalar α (init 0) across all layers.
-
-    Args: dim, depth, heads, k, and ``**block_options`` for every block.
-    Shapes: x (B, N, D), mask (B, N) -> (B, N, D).
-    """
-
-    def __init__(self, dim: int, depth: int, heads: int = 4, k: int = 256, **block_options):
-        super().__init__()
-        self.alpha = nn.Parameter(torch.zeros(()))
-        self.blocks = nn.ModuleList(SAMSABlock(dim, heads=heads, k=k, own_rezero=False, **block_options)
-                                    for _ in range(depth))
-
-    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        for blk in self.blocks:
-            x = blk(x, pos, mask, alpha=self.alpha)
-        return x

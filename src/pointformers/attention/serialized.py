@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from .base import ForwardContext, TokenMixer, check_attention_inputs, is_tracing
 from .flop_count import FlopCount, dense_core, padded, projections
@@ -96,10 +95,7 @@ class SerializedAttention(TokenMixer):
         self.coord_dim = coord_dim
         self.scale = self.head_dim ** -0.5
         inner = heads * self.head_dim
-        self.w_q = nn.Linear(dim, inner, bias=bias)
-        self.w_k = nn.Linear(dim, inner, bias=bias)
-        self.w_v = nn.Linear(dim, inner, bias=bias)
-        self.out_linear = nn.Linear(inner, dim)
+        self._init_projections(inner, bias)
 
     @property
     def offset(self) -> int:
@@ -237,6 +233,4 @@ class SerializedAttention(TokenMixer):
         """The same output by dense masked softmax over :meth:`attention_pattern` (O(N²), for tests)."""
         x, mask, order = self._inputs(x, pos, mask, context)
         q, k, v = (t.transpose(1, 2) for t in self._qkv(x))
-        o = masked_softmax_attention(q, k, v, self.attention_pattern(mask, order), self.scale)
-        B, H, N, d = o.shape
-        return self.zero_padding(self.out_linear(o.transpose(1, 2).reshape(B, N, H * d)), mask)
+        return self.merge_heads(masked_softmax_attention(q, k, v, self.attention_pattern(mask, order), self.scale), mask)

@@ -14,7 +14,8 @@ Per layer, all n queries attend to k **soft duplets** of sampled tokens:
        P[i,j] = ReLU(A[i,j]) / (Σ_r ReLU(A[i,r]) + Σ_r Softplus(C_r) + ε)      (leak per key, summed)
 
    so every row sums to < 1 (the missing mass is a null key with zero value): this is what makes
-   an all-ones input gain rank over layers ("rank injection"), see :class:`SFTEncoder`. The maxout
+   an all-ones input gain rank over layers ("rank injection"), see
+   :class:`~pointformers.models.sft_models.SFTEncoder`. The maxout
    sum is computed through ``max(a, b) = (a + b + |a − b|) / 2``:
    ``Σ_c max(Q_ic, K_jc) = ½(ΣQ_i + ΣK_j + ‖Q_i − K_j‖₁)`` with ``torch.cdist(p=1)`` forward and a
    chunked backward, so nothing of size B·h·n·k·d_h is materialised (only B·h·n·k attention maps).
@@ -27,7 +28,8 @@ Per layer, all n queries attend to k **soft duplets** of sampled tokens:
      feature S'_i ⊙ S'_j, whose linear map is the bilinear form ``(S'_i ⊙ w_h)·S'_j`` computed by
      matmul (the (n, k, d_pe) tensor is never built); positions are ``pos[..., 0]`` or 0..N−1;
    * ``"graph"``: a dense edge tensor ``edge_attr`` (B, N, N, r) passed as a keyword argument to
-     ``forward``, gathered at the sampled columns.
+     ``forward`` (or, inside a block, in the forward context: ``ForwardContext(edge_attr=...)``),
+     gathered at the sampled columns.
 
 Randomness: frozen at init — nothing but the weights. Resampled per forward in training — the
 Gumbel noise on the scores, the random partners S₂, the drop-token mask and the Q/K dropout.
@@ -38,7 +40,8 @@ The paper never describes inference; where it is silent, we use soft duplets wit
 default (``hard_eval=True`` uses S₁ alone).
 
 Inference path: in ``eval()`` with autograd off, on the CPU, for ``rpe="none"`` and a batch without
-padding (mask None or all True), :meth:`SFTAttention._forward_fast` / :meth:`SFTBlock._forward_fast`
+padding (mask None or all True), :meth:`SFTAttention._forward_fast` (and, for a whole layer,
+:meth:`SFTAttention.fused_residual` with the block's :meth:`~pointformers.nn.FeedForward.fused`)
 compute the same function with fewer passes over memory (transposed layouts, a blocked maxout
 kernel, in-place ReLU/GeLU, biases and residuals folded into GEMMs, a row-blocked FFN). Everything
 else takes the general path; tests check the two agree.
@@ -59,6 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn import fast_linear
+from ..nn.transformer_block import TransformerBlock
 from .base import TokenMixer, check_attention_inputs
 from .flop_count import FlopCount
 from .registry import register
@@ -334,7 +338,7 @@ def sft_flops(m: "SFTAttention", n: int, dim: int, pos_dim: int | None = None) -
 
 @register("sft", flops=sft_flops, bench={"k": 256})
 class SFTAttention(TokenMixer):
-    """SFT sampled leaky-ReLU maxout attention (the token mixer; residual and norms live in :class:`SFTBlock`).
+    """SFT sampled leaky-ReLU maxout attention (the token mixer; residual and norms: :func:`SFTBlock`).
 
     Args:
         dim: model width D.
@@ -389,10 +393,8 @@ class SFTAttention(TokenMixer):
         self.head_dim = head_dim or (dim // heads if dim % heads == 0 else dim)
         inner = heads * self.head_dim
         self.sampler = SFTSampler(dim, k, tau=tau, drop_token=drop_token, partner=partner)
-        self.w_q = nn.Linear(dim, inner, bias=bias)
-        self.w_k = nn.Linear(dim, inner, bias=bias)
-        self.w_v = nn.Linear(dim, inner, bias=bias)
-        self.w_c = nn.Linear(dim, heads, bias=bias)
+        self._init_projections(inner, bias, out=False)
+        self.w_c = nn.Linear(dim, heads, bias=bias)   # the leak C, created before out_linear (init order)
         self.out_linear = nn.Linear(inner, dim)
         self.qk_dropout = nn.Dropout(qk_dropout)
         if rpe == "points":
@@ -478,14 +480,27 @@ class SFTAttention(TokenMixer):
                 context=None, *, edge_attr: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, N, D), pos (B, N, P), mask (B, N), edge_attr (B, N, N, r) (``rpe="graph"`` only) -> (B, N, D).
 
-        ``context`` is not used (the sampler depends on the layer's own x). Training randomness
-        comes from the global torch RNG."""
+        ``context``: read for ``edge_attr`` when the keyword is not given (``context.inputs``);
+        nothing is prepared (the sampler depends on the layer's own x). Training randomness comes
+        from the global torch RNG."""
+        if edge_attr is None and context is not None:
+            edge_attr = context.inputs.get("edge_attr")
         if self.exportable:  # no host-side look at the data: checked eagerly, skipped while tracing
             return self._forward_general(x, pos, self.check(x, pos, mask), edge_attr=edge_attr)
         mask = self.validate(x, pos, mask)
         if mask is None and self.fast_path_applies(x):
             return self._forward_fast(x)
         return self._forward_general(x, pos, mask, edge_attr=edge_attr)
+
+    def fused_residual(self, x: torch.Tensor, pos: torch.Tensor | None, mask: torch.Tensor | None,
+                       norm: nn.Module | None = None) -> torch.Tensor | None:
+        """``x + self(norm(x))`` by :meth:`_forward_fast` where it applies (:meth:`fast_path_applies`, a
+        batch without padding), else None; the inputs are checked as :meth:`forward` does."""
+        if self.exportable:
+            return None
+        if self.validate(x, pos, mask, who="sft block") is not None or not self.fast_path_applies(x):
+            return None
+        return self._forward_fast(x, residual=x, norm=norm)
 
     def check(self, x, pos, mask, who: str = "sft") -> torch.Tensor:
         """:func:`check_attention_inputs` with this module's pos requirement; returns the (B, N) mask."""
@@ -589,8 +604,7 @@ class SFTAttention(TokenMixer):
             mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         if self.rpe == "graph":
             edge_attr = self._check_edge_attr(edge_attr, x, mask)
-        B, N, _ = x.shape
-        H, d = self.heads, self.head_dim
+        d = self.head_dim
         wd = work_dtype(x.dtype)
         keep = mask.unsqueeze(-1)
         x = x.masked_fill(~keep, 0.0)          # padding may hold anything; keep it out of every product
@@ -607,11 +621,10 @@ class SFTAttention(TokenMixer):
         x1, x2 = gather_rows(x, samp.idx_top), gather_rows(x, samp.idx_rand)
         pcol = pe.unsqueeze(-1)
         xs = (pcol * x1.to(wd) + (1 - pcol) * x2.to(wd)).to(x.dtype)                 # (B, k', D) duplets
-        kk = xs.shape[1]
 
-        q = self.qk_dropout(self.w_q(x)).view(B, N, H, d).transpose(1, 2).to(wd)     # (B, H, N, d)
-        kt = self.qk_dropout(self.w_k(xs)).view(B, kk, H, d).transpose(1, 2).to(wd)  # (B, H, k', d)
-        v = self.w_v(xs).view(B, kk, H, d).transpose(1, 2).to(wd)
+        q = self.heads_of(self.qk_dropout(self.w_q(x))).to(wd)     # (B, H, N, d)
+        kt = self.heads_of(self.qk_dropout(self.w_k(xs))).to(wd)   # (B, H, k', d)
+        v = self.heads_of(self.w_v(xs)).to(wd)
 
         if self.dense_reference:
             score = maxout_scores_dense(q, kt)
@@ -635,16 +648,16 @@ class SFTAttention(TokenMixer):
                 den = den + c.masked_fill(~samp.key_valid[:, None, :], 0.0).sum(-1)[..., None, None]
             else:
                 den = den + F.softplus(self.w_c(x).to(wd)).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
-        o = torch.matmul(num / den, v)                                                 # (B, H, N, d)
-        y = self.out_linear(o.transpose(1, 2).reshape(B, N, H * d).to(x.dtype))
-        return self.zero_padding(y, mask)
+        return self.merge_heads(torch.matmul(num / den, v), mask, x.dtype)          # o (B, H, N, d)
 
 
 # --------------------------------------------------------------------------------------------
-# Block and encoder
+# The layer
 # --------------------------------------------------------------------------------------------
-class SFTBlock(nn.Module):
-    """SFT layer: sampling → attention → FFN (GeLU, ×``ffn_mult``), each with a residual, LayerNorm Pre or Post.
+def SFTBlock(dim: int, heads: int = 8, k: int = 256, norm_position: str = "pre", ffn_mult: int = 4,
+             dropout: float = 0.0, ffn_dropout: float = 0.0, **attn_options) -> TransformerBlock:
+    """SFT's layer: a LayerNorm :class:`~pointformers.nn.transformer_block.TransformerBlock` (Pre or
+    Post, GeLU FFN ×``ffn_mult``) around :class:`SFTAttention`.
 
     Pre-LN:  x ← x + Drop(Attn(LN₁(x)));  x ← x + Drop(FFN(LN₂(x)))
     Post-LN: x ← LN₁(x + Drop(Attn(x)));  x ← LN₂(x + Drop(FFN(x)))
@@ -657,131 +670,12 @@ class SFTBlock(nn.Module):
         ffn_dropout: "feedforward dropout" after the FFN's expansion.
         **attn_options: passed to :class:`SFTAttention` (rpe, normal_dims, leaky, drop_token, ...).
     Shapes: x (B, N, D), pos (B, N, P), mask (B, N) -> (B, N, D), padded rows zero. ``edge_attr``
-    goes to the attention. In export mode (its attention's flag) the block takes the general path.
+    reaches the attention through the forward context (``ForwardContext(edge_attr=...)``). In eval
+    without autograd the block takes the fused inference path (:meth:`SFTAttention.fused_residual`)
+    where it applies.
     """
-
-    def __init__(self, dim: int, heads: int = 8, k: int = 256, norm_position: str = "pre", ffn_mult: int = 4,
-                 dropout: float = 0.0, ffn_dropout: float = 0.0, **attn_options):
-        super().__init__()
-        if norm_position not in ("pre", "post"):
-            raise ValueError(f"norm_position must be 'pre' or 'post', got {norm_position!r}")
-        self.norm_position = norm_position
-        self.attn = SFTAttention(dim, heads=heads, k=k, **attn_options)
-        self.norm1 = nn.LayerNorm(dim)
-        self.norm2 = nn.LayerNorm(dim)
-        self.ffn = nn.Sequential(nn.Linear(dim, ffn_mult * dim), nn.GELU(), nn.Dropout(ffn_dropout),
-                                 nn.Linear(ffn_mult * dim, dim))
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
-                edge_attr: torch.Tensor | None = None) -> torch.Tensor:
-        if self.attn.exportable:  # no host-side look at the data (see SFTAttention.forward)
-            mask = self.attn.check(x, pos, mask, who="sft block")
-        else:
-            mask = self.attn.validate(x, pos, mask, who="sft block")   # once per block call
-            if (mask is None and not self.training and isinstance(self.ffn[1], nn.GELU)
-                    and self.attn.fast_path_applies(x)):
-                return self._forward_fast(x)
-        if mask is None:
-            mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-        keep = mask.unsqueeze(-1)
-        x = x.masked_fill(~keep, 0.0)
-        attn = self.attn._forward_general
-        if self.norm_position == "pre":
-            x = x + self.dropout(attn(self.norm1(x), pos, mask, edge_attr=edge_attr))
-            x = x + self.dropout(self.ffn(self.norm2(x)))
-        else:
-            x = self.norm1(x + self.dropout(attn(x, pos, mask, edge_attr=edge_attr)))
-            x = self.norm2(x + self.dropout(self.ffn(x)))
-        return x.masked_fill(~keep, 0.0)
-
-    def _forward_fast(self, x: torch.Tensor) -> torch.Tensor:
-        """Eval/no-grad block without padding: residuals are folded into the output GEMMs."""
-        if self.norm_position == "pre":
-            x = self.attn._forward_fast(x, residual=x, norm=self.norm1)     # a new tensor: x is the caller's
-            return self._ffn_fast(x, residual=x, inplace=True, norm=self.norm2)  # ours: accumulate into it
-        x = self.norm1(self.attn._forward_fast(x, residual=x))
-        return self.norm2(self._ffn_fast(x, residual=x))                     # x is also the FFN input
-
-    def _ffn_fast(self, h: torch.Tensor, residual: torch.Tensor, inplace: bool = False,
-                  block_elems: int = 1 << 18, norm: nn.Module | None = None) -> torch.Tensor:
-        """``residual + W₂·GeLU(W₁·norm(h) + b₁) + b₂`` over row blocks, no autograd.
-
-        The (rows × 4D) hidden block is cache-sized: no 4·B·N·D activation is allocated. The output
-        is ``residual`` itself when ``inplace`` (else a copy) and each row block of it is written
-        only after that block of ``h`` was read, so ``h`` may be ``residual`` itself. ``norm`` (a
-        row-wise LayerNorm, or None) is applied block by block. With oneDNN (:mod:`..nn.fast_linear`,
-        float32) the GeLU is fused into the first GEMM; otherwise the hidden block is one reused
-        buffer, GeLU (exact, as ``nn.GELU``) runs in place on it and the second GEMM accumulates
-        straight into the output.
-        """
-        lin1, act, _, lin2 = self.ffn
-        D = h.shape[-1]
-        h2 = h.reshape(-1, D)
-        y = residual if inplace else residual.clone()
-        y2 = y.view(-1, y.shape[-1])
-        rows = max(1, min(h2.shape[0], block_elems // lin1.out_features))
-        if fast_linear.enabled() and act.approximate == "none" and h.dtype == torch.float32:
-            # oneDNN: GeLU fused into the first GEMM, both biases inside the kernels
-            for s in range(0, h2.shape[0], rows):
-                hb = h2[s:s + rows] if norm is None else norm(h2[s:s + rows])
-                y2[s:s + rows] += fast_linear.linear(lin2, fast_linear.linear(lin1, hb, "gelu"))
-            return y
-        buf = h.new_empty(rows, lin1.out_features)
-        w1, w2 = lin1.weight.t(), lin2.weight.t()
-        for s in range(0, h2.shape[0], rows):
-            e = min(h2.shape[0], s + rows)
-            b = buf[: e - s]
-            hb = h2[s:e] if norm is None else norm(h2[s:e])   # read before this block of y is written
-            if lin1.bias is None:
-                torch.mm(hb, w1, out=b)
-            else:
-                torch.addmm(lin1.bias, hb, w1, out=b)
-            torch.ops.aten.gelu_(b, approximate=act.approximate)
-            y2[s:e].addmm_(b, w2)
-            if lin2.bias is not None:
-                y2[s:e] += lin2.bias
-        return y
-
-
-class SFTEncoder(nn.Module):
-    """A stack of :class:`SFTBlock`, with the rotation-invariant point variant (SFT paper, Table 1 and App. D.1).
-
-    With ``rotation_invariant=True`` the tokens are replaced by all-ones vectors (B, N, D) and the
-    only geometric input is the relative features ``[‖x_i − x_j‖², n_i·n_j]`` of ``pos = [xyz,
-    normals]`` (``rpe="points"``, ``normal_dims`` = 3 by default): both are SO(3)-invariant, so the
-    whole model is exactly rotation-invariant; the leak injects the rank that lets the all-ones
-    tokens become distinct. ``x`` is then ignored and may be None.
-
-    Args:
-        dim: width D; depth: number of blocks; heads, k: as :class:`SFTAttention`.
-        rotation_invariant: the variant above.
-        norm_position: ``"pre"``/``"post"``; default post for the rotation-invariant variant (Table 9,
-            exp. 1.3) and pre otherwise.
-        **block_options: passed to every :class:`SFTBlock` (and on to the attention).
-    Shapes: x (B, N, D) or None, pos (B, N, P), mask (B, N) -> (B, N, D).
-    """
-
-    def __init__(self, dim: int, depth: int, heads: int = 8, k: int = 256, rotation_invariant: bool = False,
-                 norm_position: str | None = None, **block_options):
-        super().__init__()
-        if rotation_invariant:
-            if block_options.setdefault("rpe", "points") != "points":
-                raise ValueError("rotation_invariant=True needs rpe='points' (relative features only)")
-            block_options.setdefault("normal_dims", 3)
-        norm_position = norm_position or ("post" if rotation_invariant else "pre")
-        self.dim, self.rotation_invariant = dim, rotation_invariant
-        self.blocks = nn.ModuleList(SFTBlock(dim, heads=heads, k=k, norm_position=norm_position, **block_options)
-                                    for _ in range(depth))
-
-    def forward(self, x: torch.Tensor | None = None, pos: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, *, edge_attr: torch.Tensor | None = None) -> torch.Tensor:
-        if self.rotation_invariant:
-            if not isinstance(pos, torch.Tensor) or pos.dim() != 3:
-                raise ValueError("sft: the rotation-invariant encoder needs pos (B, N, P) = [xyz, normals]")
-            x = pos.new_ones(*pos.shape[:2], self.dim)
-        elif x is None:
-            raise ValueError("sft: x (B, N, D) is required unless rotation_invariant=True")
-        for blk in self.blocks:
-            x = blk(x, pos, mask, edge_attr=edge_attr)
-        return x
+    if norm_position not in ("pre", "post"):
+        raise ValueError(f"norm_position must be 'pre' or 'post', got {norm_position!r}")
+    return TransformerBlock(dim, SFTAttention(dim, heads=heads, k=k, **attn_options), norm="layer",
+                            norm_position=norm_position, activation="gelu", ffn_mult=ffn_mult, dropout=dropout,
+                            ffn_dropout=ffn_dropout)

@@ -76,7 +76,8 @@ def _flt_stack(dim: int, depth: int, heads: int, attention: str, flt_options: di
             for name in _RPE_NAMES:
                 if getattr(first, name, None) is not None:
                     setattr(m, name, getattr(first, name))
-    return nn.ModuleList(TransformerBlock(dim, m, "pre", dropout=dropout, ffn_hidden=ffn_hidden) for m in mixers)
+    return nn.ModuleList(TransformerBlock(dim, m, norm_position="pre", activation="gelu", ffn_hidden=ffn_hidden,
+                                          dropout=dropout, ffn_dropout=0.0) for m in mixers)
 
 
 class FLTSequenceClassifier(nn.Module):

@@ -35,8 +35,7 @@ import math
 import torch
 from torch import nn
 
-from ..nn import MLP
-from ..nn.blocks import FeedForward
+from ..nn import MLP, FeedForward
 from .registry import register_model
 
 __all__ = ["knn_graph", "EdgeConvLayer", "GravNetLayer", "KNNGraphNet", "GNN_TRACKING_DEFAULTS"]

@@ -26,8 +26,31 @@ def _shared_regions(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
+def _one_block_class(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """2 → 3: every model's blocks are one class (:class:`~pointformers.nn.TransformerBlock`). The
+    blocks that had an ``ffn`` (SFT, SAMSA, FLT, the Sampled Transformer, the full-attention twins)
+    name it ``ff`` (as HEPT's blocks already did; the layer indices inside are unchanged), SFT's
+    and SAMSA's token mixer ``attn`` is ``mixer`` and SAMSA's norm ``norm`` is ``norm1``. A block
+    is a prefix P with a ``P + "ffn.0.weight"`` key; only its direct children are renamed."""
+    tail = "ffn.0.weight"
+    blocks = sorted({k[:-len(tail)] for k in state if k == tail or k.endswith("." + tail)}, key=len, reverse=True)
+    renames = (("ffn.", "ff."), ("attn.", "mixer."), ("norm.", "norm1."))
+    out = {}
+    for key, value in state.items():
+        p = next((b for b in blocks if key.startswith(b)), None)
+        if p is not None:
+            rest = key[len(p):]
+            for old, new in renames:
+                if rest.startswith(old):
+                    key = p + new + rest[len(old):]
+                    break
+        out[key] = value
+    return out
+
+
 #: version -> the step that upgrades a state_dict of that version to the next.
-_STEPS: dict[int, Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]] = {1: _shared_regions}
+_STEPS: dict[int, Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]] = {
+    1: _shared_regions, 2: _one_block_class}
 
 #: The layout version of the state_dicts this code writes.
 STATE_VERSION = max(_STEPS) + 1

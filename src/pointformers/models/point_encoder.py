@@ -10,14 +10,15 @@ from torch import nn
 
 from ..attention import ForwardContext, build as build_attention, check_attention_inputs, entry as attention_entry
 from ..attention import model_options
-from ..nn import MLP, PreLNBlock
+from ..nn import MLP, TransformerBlock
 
 
 class PointTransformerJK(nn.Module):
     """Per-point embeddings from features and kernel coordinates (HEPT paper App. C.1, authors' code).
 
     Layers: feat_encoder Linear(in_dim, D) → ReLU → Linear(D, D) = h₀; ``n_layers`` pre-LN blocks
-    h₁..h_L; jumping knowledge e = W[h₀ ‖ … ‖ h_L] (no bias); output e + Drop(MLP(e)) with a
+    h₁..h_L (:class:`~pointformers.nn.TransformerBlock`: LayerNorm, ReLU FFN of width D, residual
+    dropout); jumping knowledge e = W[h₀ ‖ … ‖ h_L] (no bias); output e + Drop(MLP(e)) with a
     ``mlp_layers``-layer, ``mlp_hidden``-wide LayerNorm/tanh MLP.
 
     Args:
@@ -73,7 +74,8 @@ class PointTransformerJK(nn.Module):
         self.pos_encoder = (nn.Sequential(nn.Linear(coord_dim, dim), nn.LayerNorm(dim), nn.ReLU(), nn.Linear(dim, dim))
                             if pe == "learned" else None)
         self.blocks = nn.ModuleList(
-            PreLNBlock(dim, build_attention(attention, dim=dim, heads=heads, **opts), dim, dropout)
+            TransformerBlock(dim, build_attention(attention, dim=dim, heads=heads, **opts), norm="layer",
+                             norm_position="pre", activation="relu", ffn_hidden=dim, dropout=dropout)
             for _ in range(n_layers))
         self.W = nn.Linear(dim * (n_layers + 1), out_dim, bias=False)
         self.mlp_out = MLP([out_dim] + [mlp_hidden] * (mlp_layers - 1) + [out_dim])

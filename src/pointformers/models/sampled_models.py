@@ -36,6 +36,7 @@ from torch import nn
 
 from ..attention import ForwardContext, build as build_attention
 from ..attention.sampled import SampledAttention
+from ..nn import TransformerBlock
 from ..nn.model_inputs import check_point_inputs
 from ..nn.pooling import masked_max
 from .registry import register_model
@@ -116,43 +117,33 @@ def _gather_points(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return out.view(*idx.shape, t.shape[-1])
 
 
-def _cycle_kwargs(mixer: nn.Module, pos: torch.Tensor, mask: torch.Tensor, eval_cycle: str) -> dict:
-    """The eval-time coordinate cycle for a sampled mixer (nothing for other mechanisms or in training)."""
-    if isinstance(mixer, SampledAttention) and mixer.mode == "sampled" and not mixer.training \
-            and eval_cycle == "coordinates":
-        context = ForwardContext(pos, mask)
-        mixer.use_order(context, coordinate_cycle(pos, mask, int(mixer.seed)), mask)
-        return {"context": context}
-    return {}
+def _forward_context(blocks, pos: torch.Tensor, mask: torch.Tensor, eval_cycle: str) -> ForwardContext:
+    """The forward context of ``blocks`` on these points: in eval with ``eval_cycle="coordinates"``
+    it holds every sampled mixer's coordinate cycle (nothing for other mechanisms or in training)."""
+    context = ForwardContext(pos, mask)
+    if eval_cycle == "coordinates":
+        for blk in blocks:
+            m = blk.mixer
+            if isinstance(m, SampledAttention) and m.mode == "sampled" and not m.training:
+                m.use_order(context, coordinate_cycle(pos, mask, int(m.seed)), mask)
+    return context
 
 
 # ------------------------------------------------------------------------------------------------
 # blocks
 # ------------------------------------------------------------------------------------------------
-class SampledTransformerBlock(nn.Module):
-    """The sampled transformer block (Eq. 5b/5d), or its pre-LN form.
+def sampled_block(dim: int, mixer: nn.Module, ffn_hidden: int, layout: str = "paper") -> TransformerBlock:
+    """The sampled transformer block (Eq. 5b/5d), or its pre-LN form, as a
+    :class:`~pointformers.nn.TransformerBlock` (ReLU FFN of width ``ffn_hidden``, no dropout).
 
     ``layout="paper"``: y = x + Attn(x); y = y + W₂·ReLU(W₁y) (no norm, as Eq. 5).
     ``layout="pre_ln"``: y = x + Attn(LN(x)); y = y + W₂·ReLU(W₁·LN(y)) (Point-MAE style).
     Shapes: x (B, N, D), pos (B, N, 3), mask (B, N) -> (B, N, D), padded rows zero.
     """
-
-    def __init__(self, dim: int, mixer: nn.Module, ffn_hidden: int, layout: str = "paper"):
-        super().__init__()
-        if layout not in ("paper", "pre_ln"):
-            raise ValueError(f"layout must be 'paper' or 'pre_ln', got {layout!r}")
-        self.mixer = mixer
-        self.norm1 = nn.LayerNorm(dim) if layout == "pre_ln" else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim) if layout == "pre_ln" else nn.Identity()
-        self.ffn = nn.Sequential(nn.Linear(dim, ffn_hidden), nn.ReLU(), nn.Linear(ffn_hidden, dim))
-
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, eval_cycle: str = "coordinates"
-                ) -> torch.Tensor:
-        keep = mask.unsqueeze(-1)
-        x = x.masked_fill(~keep, 0.0)
-        x = x + self.mixer(self.norm1(x), pos, mask, **_cycle_kwargs(self.mixer, pos, mask, eval_cycle))
-        x = x + self.ffn(self.norm2(x))
-        return x.masked_fill(~keep, 0.0)
+    if layout not in ("paper", "pre_ln"):
+        raise ValueError(f"layout must be 'paper' or 'pre_ln', got {layout!r}")
+    return TransformerBlock(dim, mixer, norm="layer" if layout == "pre_ln" else "none", norm_position="pre",
+                            activation="relu", ffn_hidden=ffn_hidden)
 
 
 def _build_mixer(attention: str, dim: int, heads: int, head_dim: int, options: dict | None, knn_k: int | None = None):
@@ -173,7 +164,7 @@ class SampledBasicClassifier(nn.Module):
         num_classes: C. in_dim: per-point feature channels (normals: 3; 0 = xyz only).
         dim: token width (paper 256); mlp_hidden: hidden width of both input MLPs (paper 64).
         heads, head_dim: h, d (paper 8, 32); ffn_hidden: r (paper 256).
-        layout: ``"paper"`` (Eq. 5, no norm) or ``"pre_ln"`` (:class:`SampledTransformerBlock`).
+        layout: ``"paper"`` (Eq. 5, no norm) or ``"pre_ln"`` (:func:`sampled_block`).
         attention: ``"sampled"`` (paper), or ``"full"``/``"knn"``/... for the same-layout variants;
             attention_options: extra mechanism options (e.g. ``{"mode": "sparse"}``, ``{"k": 16}``).
         eval_cycle: ``"coordinates"`` or ``"attention"`` (module docstring).
@@ -190,8 +181,8 @@ class SampledBasicClassifier(nn.Module):
         self.pos_mlp = nn.Sequential(nn.Linear(3, mlp_hidden), nn.ReLU(), nn.Linear(mlp_hidden, dim))
         self.feat_mlp = nn.Sequential(nn.Linear(in_dim, mlp_hidden), nn.ReLU(), nn.Linear(mlp_hidden, dim)) \
             if in_dim else None
-        self.block = SampledTransformerBlock(dim, _build_mixer(attention, dim, heads, head_dim, attention_options, 16),
-                                             ffn_hidden, layout)
+        self.block = sampled_block(dim, _build_mixer(attention, dim, heads, head_dim, attention_options, 16),
+                                   ffn_hidden, layout)
         self.fc = nn.Linear(dim, num_classes)
 
     def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -201,7 +192,7 @@ class SampledBasicClassifier(nn.Module):
         h = self.pos_mlp(pos)                              # E = W_P·P, "added" to the features (X := X + E)
         if self.feat_mlp is not None:
             h = h + self.feat_mlp(x.masked_fill(~keep, 0.0))
-        h = self.block(h, pos, mask, self.eval_cycle)
+        h = self.block(h, pos, mask, context=_forward_context([self.block], pos, mask, self.eval_cycle))
         return self.fc(masked_max(h, mask))
 
 
@@ -266,9 +257,9 @@ class SampledHierarchicalClassifier(nn.Module):
         self.downs = nn.ModuleList(TransitionDown(dims[i - 1], dims[i], strides[i], neighbours[i]) for i in range(1, t))
         self.pos_embeds = nn.ModuleList(nn.Linear(3, c) for c in dims)
         self.stages = nn.ModuleList(
-            nn.ModuleList(SampledTransformerBlock(c, _build_mixer(attention, c, max(1, c // head_dim), head_dim,
-                                                                  attention_options, neighbours[i]),
-                                                  ffn_mult * c, layout) for _ in range(blocks[i]))
+            nn.ModuleList(sampled_block(c, _build_mixer(attention, c, max(1, c // head_dim), head_dim,
+                                                        attention_options, neighbours[i]),
+                                        ffn_mult * c, layout) for _ in range(blocks[i]))
             for i, c in enumerate(dims))
         self.head = nn.Sequential(nn.Linear(dims[-1], dims[-1]), nn.ReLU(), nn.Linear(dims[-1], num_classes))
 
@@ -283,8 +274,9 @@ class SampledHierarchicalClassifier(nn.Module):
                 h, pos, mask = self.downs[i - 1](h, pos, mask)
                 pos = pos.to(h.dtype)
             pe = self.pos_embeds[i](pos)
+            context = _forward_context(blocks, pos, mask, self.eval_cycle)
             for blk in blocks:
-                h = blk(h + pe, pos, mask, self.eval_cycle)
+                h = blk(h + pe, pos, mask, context=context)
         return self.head(masked_max(h, mask))
 
 

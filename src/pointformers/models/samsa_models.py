@@ -1,6 +1,7 @@
 """SAMSA models for point clouds and sequences (SAMSA paper, Lenhat et al., Sec. 5 and App. B).
 
-The backbone is SAMSA's Algorithm-1 layer stack (:class:`~pointformers.attention.samsa.SAMSAEncoder`:
+The backbone is SAMSA's Algorithm-1 layer stack (:class:`SAMSAEncoder` of
+:func:`~pointformers.attention.samsa.SAMSABlock`:
 pre-RMSNorm, per-head sampled softmax attention with 2k support vectors, GELU FFN ×4 in parallel,
 one zero-initialised ReZero scalar shared by all layers), followed by a final RMSNorm and a task head.
 The paper gives no width, depth, heads, pooling or positional encoding; where it is silent, we use
@@ -25,7 +26,8 @@ import torch
 from torch import nn
 
 from ..attention import build as build_attention
-from ..attention.samsa import RMSNorm, SAMSAEncoder
+from ..attention.samsa import SAMSABlock
+from ..nn import RMSNorm
 from ..nn.model_inputs import check_point_inputs, check_token_inputs
 from ..nn.pooling import masked_max, masked_mean
 from .registry import register_model
@@ -33,6 +35,28 @@ from .sft_models import check_category
 
 #: Our shared SAMSA backbone where the paper is silent (it states only k per head and the mode).
 PAPER_BACKBONE = dict(dim=256, depth=6, heads=4, k=256, mode="hard")
+
+
+class SAMSAEncoder(nn.Module):
+    """A stack of SAMSA layers (:func:`~pointformers.attention.samsa.SAMSABlock`) sharing one ReZero
+    scalar α (init 0) across all layers (``alpha``, registered here once).
+
+    Args: dim, depth, heads, k, and ``**block_options`` for every block (parallel, ffn_mult,
+    dropout and the :class:`~pointformers.attention.samsa.SAMSAAttention` options, e.g. score_input).
+    Shapes: x (B, N, D), mask (B, N) -> (B, N, D).
+    """
+
+    def __init__(self, dim: int, depth: int, heads: int = 4, k: int = 256, **block_options):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(()))
+        self.blocks = nn.ModuleList(SAMSABlock(dim, heads=heads, k=k, rezero=self.alpha, **block_options)
+                                    for _ in range(depth))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                context=None) -> torch.Tensor:
+        for blk in self.blocks:
+            x = blk(x, pos, mask, context=context)
+        return x
 
 
 class SAMSABackbone(nn.Module):
@@ -53,9 +77,11 @@ class SAMSABackbone(nn.Module):
         if attention == "samsa":
             self.encoder = SAMSAEncoder(dim, depth, heads=heads, k=k, parallel=parallel, mode=mode, **opts)
         else:
+            # same block, another token mixer; the SAMSA mixers built first and replaced keep the
+            # random initialisation of the rest what it has always been (seeded models unchanged)
             self.encoder = SAMSAEncoder(dim, depth, heads=heads, k=1, parallel=parallel)
-            for blk in self.encoder.blocks:   # same block, another token mixer
-                blk.attn = build_attention(attention, dim=dim, heads=heads, **opts)
+            for blk in self.encoder.blocks:
+                blk.mixer = build_attention(attention, dim=dim, heads=heads, **opts)
         self.attention = attention
         self.final_norm = RMSNorm(dim)
 

@@ -1,7 +1,7 @@
 """SFT point-cloud models (SFT paper, Sec. 5.2, App. D): classifier, part segmenter, rotation-invariant variants.
 
 * ``sft-cls`` — :class:`SFTPointClassifier`: tokens ``Linear([xyz, normals]) → D``; a stack of SFT
-  layers with the relative features ``[‖x_i − x_j‖², n_i·n_j]`` (r = 2); the ModelNet40 head "uses
+  layers (:class:`SFTEncoder` of :func:`~pointformers.attention.sft.SFTBlock`) with the relative features ``[‖x_i − x_j‖², n_i·n_j]`` (r = 2); the ModelNet40 head "uses
   our differentiable sampling to sample 512 tokens and then uses a maximum aggregation": an
   :class:`~pointformers.attention.sft.SFTSampler` with k = 512 bins, max-pool over the soft duplets,
   then a linear layer to the classes.
@@ -39,9 +39,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import build as build_attention
+from ..attention import ForwardContext, build as build_attention
 from ..attention.sampling import gather_rows
-from ..attention.sft import SFTEncoder, SFTSampler
+from ..attention.sft import SFTBlock, SFTSampler
 from ..nn.model_inputs import check_point_inputs
 from ..nn.pooling import masked_max
 from ..nn.transformer_block import TransformerBlock
@@ -53,6 +53,53 @@ PAPER_CLS = dict(num_classes=40, in_dim=3, dim=256, depth=8, heads=16, k=256, he
 #: Paper options of the ShapeNetPart segmenter (exp. 1.2; 1.4 adds ``rotation_invariant=True``).
 PAPER_PARTSEG = dict(num_parts=50, in_dim=3, dim=256, depth=8, heads=16, k=256, drop_token=0.2,
                      qk_dropout=0.1, dropout=0.1, ffn_dropout=0.2)
+
+
+class SFTEncoder(nn.Module):
+    """A stack of SFT layers (:func:`~pointformers.attention.sft.SFTBlock`), with the rotation-invariant
+    point variant (SFT §5.1, Table 1).
+
+    With ``rotation_invariant=True`` the tokens are replaced by all-ones vectors (B, N, D) and the
+    only geometric input is the relative features ``[‖x_i − x_j‖², n_i·n_j]`` of ``pos = [xyz,
+    normals]`` (``rpe="points"``, ``normal_dims`` = 3 by default): both are SO(3)-invariant, so the
+    whole model is exactly rotation-invariant; the leak injects the rank that lets the all-ones
+    tokens become distinct. ``x`` is then ignored and may be None.
+
+    Args:
+        dim: width D; depth: number of blocks; heads, k: as :class:`~pointformers.attention.sft.SFTAttention`.
+        rotation_invariant: the variant above.
+        norm_position: ``"pre"``/``"post"``; default post for the rotation-invariant variant (Table 9,
+            exp. 1.3) and pre otherwise.
+        **block_options: passed to every :func:`~pointformers.attention.sft.SFTBlock` (and on to the attention).
+    Shapes: x (B, N, D) or None, pos (B, N, P), mask (B, N) -> (B, N, D). ``edge_attr`` (B, N, N, r),
+    for ``rpe="graph"``, reaches every layer through the forward pass's
+    :class:`~pointformers.attention.ForwardContext`.
+    """
+
+    def __init__(self, dim: int, depth: int, heads: int = 8, k: int = 256, rotation_invariant: bool = False,
+                 norm_position: str | None = None, **block_options):
+        super().__init__()
+        if rotation_invariant:
+            if block_options.setdefault("rpe", "points") != "points":
+                raise ValueError("rotation_invariant=True needs rpe='points' (relative features only)")
+            block_options.setdefault("normal_dims", 3)
+        norm_position = norm_position or ("post" if rotation_invariant else "pre")
+        self.dim, self.rotation_invariant = dim, rotation_invariant
+        self.blocks = nn.ModuleList(SFTBlock(dim, heads=heads, k=k, norm_position=norm_position, **block_options)
+                                    for _ in range(depth))
+
+    def forward(self, x: torch.Tensor | None = None, pos: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, *, edge_attr: torch.Tensor | None = None) -> torch.Tensor:
+        if self.rotation_invariant:
+            if not isinstance(pos, torch.Tensor) or pos.dim() != 3:
+                raise ValueError("sft: the rotation-invariant encoder needs pos (B, N, P) = [xyz, normals]")
+            x = pos.new_ones(*pos.shape[:2], self.dim)
+        elif x is None:
+            raise ValueError("sft: x (B, N, D) is required unless rotation_invariant=True")
+        context = ForwardContext(pos, mask, edge_attr=edge_attr)
+        for blk in self.blocks:
+            x = blk(x, pos, mask, context=context)
+        return x
 
 
 class SFTPointEncoder(nn.Module):
@@ -100,9 +147,10 @@ class SFTPointEncoder(nn.Module):
             self.blocks = None
         else:
             self.encoder = None
-            self.blocks = nn.ModuleList(
-                TransformerBlock(dim, build_attention(attention, dim=dim, heads=heads, **opts),
-                                 norm_position=self.norm_position, dropout=dropout, ffn_dropout=ffn_dropout)
+            self.blocks = nn.ModuleList(   # SFT's layer with another mixer (as SFTBlock)
+                TransformerBlock(dim, build_attention(attention, dim=dim, heads=heads, **opts), norm="layer",
+                                 norm_position=self.norm_position, activation="gelu", dropout=dropout,
+                                 ffn_dropout=ffn_dropout)
                 for _ in range(depth))
         self.embed = None if rotation_invariant else nn.Linear(3 + in_dim, dim)
         # a pre-LN stack ends un-normalised: normalise once before the head (post-LN already is)

@@ -1,5 +1,6 @@
-"""Building blocks shared by the published architectures: blocks, encoders, heads."""
-from .blocks import FeedForward, PreLNBlock
+"""Building blocks shared by the published architectures: the transformer block, norms, heads."""
 from .mlp import MLP
+from .norms import RMSNorm
+from .transformer_block import FeedForward, TransformerBlock
 
-__all__ = ["FeedForward", "PreLNBlock", "MLP"]
+__all__ = ["FeedForward", "TransformerBlock", "RMSNorm", "MLP"]
