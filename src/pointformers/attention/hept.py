@@ -24,7 +24,7 @@ from .block_attention import (DEFAULT_CHUNK_ELEMS, DEFAULT_GROUP_CHUNK, material
                               projected_sorted_block_attention)
 from .flop_count import FlopCount, block_core, e2lsh_hash, projections
 from .hept_regions import HEPTContext, HEPTRegions
-from .kernel import KernelAttention
+from .kernel import KernelAttention, core_dtype, full_precision
 from .registry import register
 from .stable_sort import stable_argsort
 
@@ -215,14 +215,16 @@ class HEPTAttention(KernelAttention):
             x = torch.cat([x, x.new_zeros(B, Np - N, x.shape[-1])], 1)
             pos = torch.cat([pos, pos.new_zeros(B, Np - N, pos.shape[-1])], 1)
         H, d = self.heads, self.head_dim
-        xp, wq, wk, wv = self.projection_inputs(x, pos, ctx.mask)
-        sort_heads = lambda qa, ka: self.sort_indices(qa.view(B, Np, H, -1), ka.view(B, Np, H, -1), ctx)  # noqa: E731
-        if self.implementation == "materialized" and not self.exportable:
-            o = materialized_sorted_block_attention(xp, wq, wk, wv, H, sort_heads, self.block_size)
-        else:
-            o = projected_sorted_block_attention(
-                xp, wq, wk, wv, H, lambda qa, ka, h: self.head_sort_orders(qa, ka, ctx, h), self.block_size,
-                self.chunk_elems, sort_heads=sort_heads, all_heads=self.all_heads, static=self.exportable,
-                group_chunk=self.group_chunk)
-        y = self.out_linear(o.view(B, Np, H * d))  # rows are (b, i, h): heads concatenated h-major
+        wdt = core_dtype(x.dtype)
+        with full_precision(x):  # the block core in float32 under autocast / for half inputs (see core_dtype)
+            xp, wq, wk, wv = self.projection_inputs(x.to(wdt), pos.to(wdt), ctx.mask)
+            sort_heads = lambda qa, ka: self.sort_indices(qa.view(B, Np, H, -1), ka.view(B, Np, H, -1), ctx)  # noqa: E731
+            if self.implementation == "materialized" and not self.exportable:
+                o = materialized_sorted_block_attention(xp, wq, wk, wv, H, sort_heads, self.block_size)
+            else:
+                o = projected_sorted_block_attention(
+                    xp, wq, wk, wv, H, lambda qa, ka, h: self.head_sort_orders(qa, ka, ctx, h), self.block_size,
+                    self.chunk_elems, sort_heads=sort_heads, all_heads=self.all_heads, static=self.exportable,
+                    group_chunk=self.group_chunk)
+        y = self.out_linear(o.view(B, Np, H * d).to(x.dtype))  # rows are (b, i, h): heads concatenated h-major
         return self.zero_padding(y, ctx.mask)[:, :N]

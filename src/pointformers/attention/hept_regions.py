@@ -130,6 +130,8 @@ def region_indices(eta: torch.Tensor, phi: torch.Tensor, mask: torch.Tensor, reg
     ``authors_sort``, from ``torch.argsort`` of each cloud's own values as in the authors' code.
     Each cloud is sized by its own count, so its codes never depend on the batch.
     """
+    if regions.dtype in (torch.float16, torch.bfloat16):  # a half-precision module: sizes as in float32
+        regions = regions.float()
     n_real = mask.sum(-1).to(regions.dtype).view(-1, 1, 1)
     ranks = _authors_ranks if authors_sort else _ranks
 

@@ -6,6 +6,7 @@ There is no 1/√d temperature and no softmax log-sum-exp, as in the paper and i
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -17,6 +18,21 @@ from .registry import register
 
 #: The per-table denominator guard of the authors' code.
 DENOM_EPS = 1e-20
+
+
+def core_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the RBF kernel family (kernel, HEPT, ``lsh_or``) computes its scores in: float32
+    for float16 / bfloat16 inputs. Its logits −½‖q̂ − k̂‖² are differences of large terms (ω of a
+    trained model reaches 1e7), its weights exp(−87 … 0) underflow float16 (a row of far keys then
+    divides 0 by 0), so low precision would change the function, not just round it."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def full_precision(x: torch.Tensor):
+    """A context that switches autocast off for the kernel core (a no-op when it is off)."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.autocast(x.device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def rbf_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -66,8 +82,9 @@ class KernelAttention(TokenMixer):
         self.log_omega = nn.Parameter(torch.full((heads, n_omega), math.log(omega_init)))
 
     def omega(self) -> torch.Tensor:
-        """Positive ω per head and coordinate, (H, c)."""
-        w = self.log_omega.exp()
+        """Positive ω per head and coordinate, (H, c); float32 for a float16/bfloat16 module (ω
+        overflows float16)."""
+        w = self.log_omega.to(core_dtype(self.log_omega.dtype)).exp()
         if self.tie_first_two:
             w = torch.cat([w[:, :1], w], dim=1)
         return w
@@ -127,12 +144,15 @@ class KernelAttention(TokenMixer):
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 context=None) -> torch.Tensor:
         mask = self.check(x, pos, mask, "kernel")
-        q, k, v = self.augmented_qkv(x, pos, mask)
-        key_ok = mask[:, None, None, :]
-        outs = []
-        # chunk queries (memory O(chunk · N)); export mode: one chunk (a loop over N-dependent chunks
-        # cannot be traced for a dynamic N)
-        for qs in ([q] if self.exportable else q.split(self.query_chunk, dim=2)):
-            a = rbf_logits(qs, k).exp().masked_fill(~key_ok, 0.0)
-            outs.append((a @ v) / (a.sum(-1, keepdim=True) + DENOM_EPS))
-        return self.merge_heads(torch.cat(outs, 2), mask)
+        wdt = core_dtype(x.dtype)
+        with full_precision(x):  # scores in float32 under autocast / for half inputs (see core_dtype)
+            q, k, v = (t.to(wdt) for t in self.augmented_qkv(x, pos, mask))
+            key_ok = mask[:, None, None, :]
+            outs = []
+            # chunk queries (memory O(chunk · N)); export mode: one chunk (a loop over N-dependent chunks
+            # cannot be traced for a dynamic N)
+            for qs in ([q] if self.exportable else q.split(self.query_chunk, dim=2)):
+                a = rbf_logits(qs, k).exp().masked_fill(~key_ok, 0.0)
+                outs.append((a @ v) / (a.sum(-1, keepdim=True) + DENOM_EPS))
+            o = torch.cat(outs, 2).to(x.dtype)
+        return self.merge_heads(o, mask)

@@ -22,7 +22,7 @@ import torch
 
 from .block_attention import DEFAULT_CHUNK_ELEMS, DEFAULT_GROUP_CHUNK, projected_sorted_block_attention
 from .hept import block_flops, masked_range
-from .kernel import KernelAttention
+from .kernel import KernelAttention, core_dtype, full_precision
 from .registry import register
 from .stable_sort import stable_argsort
 
@@ -153,11 +153,14 @@ class LSHAttention(KernelAttention):
             pos = torch.cat([pos, pos.new_zeros(B, Np - N, pos.shape[-1])], 1)
             mask = torch.cat([mask, mask.new_zeros(B, Np - N)], 1)
         # one head at a time from the narrow input, as HEPT (see KernelAttention.projection_inputs)
-        xp, wq, wk, wv = self.projection_inputs(x, pos, mask)
         H, d = self.heads, self.head_dim
-        o = projected_sorted_block_attention(xp, wq, wk, wv, H, lambda qa, ka, h: self.head_sort_orders(qa, ka, mask, h),
-                                             b, self.chunk_elems, static=self.exportable, group_chunk=self.group_chunk)
-        y = self.out_linear(o.view(B, Np, H * d))  # rows are (b, i, h): heads concatenated h-major
+        wdt = core_dtype(x.dtype)
+        with full_precision(x):  # the block core in float32 under autocast / for half inputs (see core_dtype)
+            xp, wq, wk, wv = self.projection_inputs(x.to(wdt), pos.to(wdt), mask)
+            o = projected_sorted_block_attention(xp, wq, wk, wv, H,
+                                                 lambda qa, ka, h: self.head_sort_orders(qa, ka, mask, h), b,
+                                                 self.chunk_elems, static=self.exportable, group_chunk=self.group_chunk)
+        y = self.out_linear(o.view(B, Np, H * d).to(x.dtype))  # rows are (b, i, h): heads concatenated h-major
         return self.zero_padding(y, mask)[:, :N]
 
     def export_refusal(self) -> str | None:
