@@ -74,6 +74,42 @@ class ForwardContext:
         return len(self._store)
 
 
+def _flat_to_padded(module, args, kwargs):
+    """Forward pre-hook: ``mixer(x (N, D), pos (N, P), batch=b | ptr=p)`` becomes the padded call
+    ``mixer(x (B, n, D), pos (B, n, P), mask (B, n))``; the layout is kept for the output hook."""
+    batch, ptr = kwargs.pop("batch", None), kwargs.pop("ptr", None)
+    x = args[0] if args else kwargs.get("x")
+    if batch is None and ptr is None and not (isinstance(x, torch.Tensor) and x.dim() == 2):
+        module._flat_layouts.append(None)
+        return args, kwargs
+    from ..data.batch import flat_layout
+
+    names = ("x", "pos", "mask", "context")
+    call = dict(zip(names, args), **kwargs)
+    x = call.get("x")
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x: with batch= or ptr= expected flat (N, D) features, got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if call.get("mask") is not None:
+        raise ValueError("mask: flat input (x (N, D) with batch= or ptr=) has no padding; give no mask")
+    layout = flat_layout(x.shape[0], batch, ptr, device=x.device)
+    call["x"] = layout.pad(x)
+    if call.get("pos") is not None:
+        pos = call["pos"]
+        if not isinstance(pos, torch.Tensor) or pos.dim() != 2 or pos.shape[0] != x.shape[0]:
+            raise ValueError(f"pos: with flat x ({x.shape[0]}, D) expected ({x.shape[0]}, P) coordinates, got "
+                             f"{tuple(pos.shape) if isinstance(pos, torch.Tensor) else type(pos).__name__}")
+        call["pos"] = layout.pad(pos)
+    call["mask"] = layout.mask()
+    module._flat_layouts.append(layout)
+    return (), call
+
+
+def _padded_to_flat(module, args, kwargs, output):
+    layout = module._flat_layouts.pop()
+    return output if layout is None else layout.unpad(output)
+
+
 class TokenMixer(nn.Module):
     """Base class of the mechanisms: ``dim`` and ``heads``, the q/k/v/out projections and their
     head split/merge (:meth:`_init_projections`, :meth:`heads_of`, :meth:`merge_heads`), the
@@ -83,8 +119,19 @@ class TokenMixer(nn.Module):
     #: Export mode (see :func:`set_exportable`): the forward pass takes the mechanism's static-graph path.
     exportable: bool = False
 
+    @property
+    def _flat_layouts(self) -> list:
+        # per-call stack of flat-input layouts (a stack: a mixer may call itself recursively)
+        stack = self.__dict__.get("_flat_layout_stack")
+        if stack is None:
+            stack = self.__dict__["_flat_layout_stack"] = []
+        return stack
+
     def __init__(self, dim: int, heads: int):
         super().__init__()
+        # PyG-style flat input (x (N, D), batch= or ptr=): converted to the padded layout around forward
+        self.register_forward_pre_hook(_flat_to_padded, with_kwargs=True)
+        self.register_forward_hook(_padded_to_flat, with_kwargs=True)
         if not isinstance(dim, int) or dim < 1:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
         if not isinstance(heads, int) or heads < 1:

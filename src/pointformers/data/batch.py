@@ -30,3 +30,73 @@ def pad_clouds(clouds: Sequence[torch.Tensor], pad_value: float = 0.0) -> tuple[
 def unpad_clouds(padded: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
     """Inverse of :func:`pad_clouds`: ``(B, N, ·)`` + ``(B, N)`` mask -> list of ``(n_i, ·)``."""
     return [padded[i][mask[i]] for i in range(padded.shape[0])]
+
+
+class FlatLayout:
+    """Where each point of a flat ``(N, ·)`` batch sits in the padded ``(B, n_max, ·)`` layout.
+
+    Built by :func:`flat_layout` from PyG's ``batch`` (sorted cloud index per point) or ``ptr``
+    (offsets, ``ptr[b]`` = first point of cloud b). ``cloud``/``slot`` (N,) index the padded rows.
+    """
+
+    def __init__(self, cloud: torch.Tensor, slot: torch.Tensor, n_clouds: int, n_max: int):
+        self.cloud, self.slot, self.n_clouds, self.n_max = cloud, slot, n_clouds, n_max
+
+    def pad(self, t: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """(N, ·) -> (B, n_max, ·)."""
+        out = t.new_full((self.n_clouds, self.n_max, *t.shape[1:]), fill)
+        out[self.cloud, self.slot] = t
+        return out
+
+    def mask(self) -> torch.Tensor:
+        """(B, n_max) bool, True at real points."""
+        m = torch.zeros(self.n_clouds, self.n_max, dtype=torch.bool, device=self.cloud.device)
+        m[self.cloud, self.slot] = True
+        return m
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        """(B, n_max, ·) -> (N, ·), in the flat input's order."""
+        return padded[self.cloud, self.slot]
+
+
+def flat_layout(n: int, batch: torch.Tensor | None = None, ptr: torch.Tensor | None = None,
+                device: torch.device | None = None) -> FlatLayout:
+    """The padded layout of ``n`` flat points grouped by ``batch`` (N,) sorted cloud indices 0..B−1
+    (PyTorch Geometric's convention) or ``ptr`` (B+1,) offsets; neither: one cloud.
+
+    Raises ValueError naming the argument: wrong shape or dtype, unsorted ``batch``, an empty cloud
+    (a cloud index with no point), ``ptr`` not starting at 0 / not ending at N / decreasing.
+    """
+    if batch is not None and ptr is not None:
+        raise ValueError("batch, ptr: give one of them, not both")
+    if batch is None and ptr is None:
+        cloud = torch.zeros(n, dtype=torch.int64, device=device)
+        return FlatLayout(cloud, torch.arange(n, device=device), 1, n)
+    if ptr is not None:
+        if not isinstance(ptr, torch.Tensor) or ptr.dim() != 1 or ptr.dtype not in (torch.int32, torch.int64) \
+                or ptr.numel() < 2:
+            raise ValueError(f"ptr: expected a 1-D integer tensor of B + 1 offsets, got "
+                             f"{getattr(ptr, 'dtype', type(ptr).__name__)} {tuple(getattr(ptr, 'shape', ()))}")
+        ptr = ptr.long()
+        if int(ptr[0]) != 0 or int(ptr[-1]) != n:
+            raise ValueError(f"ptr: must start at 0 and end at the point count {n}, got {int(ptr[0])} … {int(ptr[-1])}")
+        counts = ptr[1:] - ptr[:-1]
+        if bool((counts < 0).any()):
+            raise ValueError("ptr: offsets must not decrease")
+        cloud = torch.repeat_interleave(torch.arange(len(counts), device=ptr.device), counts)
+    else:
+        if not isinstance(batch, torch.Tensor) or batch.dim() != 1 or batch.shape[0] != n \
+                or batch.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"batch: expected a 1-D integer tensor of {n} cloud indices, got "
+                             f"{getattr(batch, 'dtype', type(batch).__name__)} {tuple(getattr(batch, 'shape', ()))}")
+        cloud = batch.long()
+        if n and (int(cloud[0]) < 0 or bool((cloud[1:] < cloud[:-1]).any())):
+            raise ValueError("batch: cloud indices must be >= 0 and sorted (points of one cloud together, "
+                             "as PyTorch Geometric batches them)")
+        counts = torch.bincount(cloud) if n else cloud.new_zeros(0)
+        ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    if bool((counts == 0).any()):
+        raise ValueError(f"{'ptr' if batch is None else 'batch'}: cloud(s) "
+                         f"{(counts == 0).nonzero().flatten().tolist()} have no points; every cloud needs one")
+    slot = torch.arange(n, device=cloud.device) - ptr[cloud]
+    return FlatLayout(cloud, slot, int(counts.numel()), int(counts.max()) if n else 0)

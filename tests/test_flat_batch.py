@@ -1,0 +1,80 @@
+"""PyG-style flat input for every mechanism: ``attn(x (N, D), pos (N, P), batch=b)`` (or ``ptr=``)
+gives, point for point, what the padded call ``attn(x (B, n, D), pos, mask)`` gives."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pointformers.attention import build
+from pointformers.data.batch import flat_layout, pad_clouds
+
+OPTIONS = {
+    "full": {}, "kernel": {"coord_dim": 3}, "hept": {"coord_dim": 3, "block_size": 16, "num_regions": 4},
+    "lsh_or": {"coord_dim": 3, "block_size": 16}, "performer": {"nb_features": 32},
+    "flt": {"nb_features": 32, "coord_dim": 3}, "sft": {"k": 12}, "samsa": {"k": 8},
+    "sampled": {}, "knn": {"k": 8, "coord_dim": 3}, "serialized": {"patch_size": 16, "coord_dim": 3},
+}
+SIZES = (37, 70, 20)
+
+
+def _clouds(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(n, 32, generator=g, dtype=torch.float64) for n in SIZES]
+    ps = [torch.rand(n, 3, generator=g, dtype=torch.float64) for n in SIZES]
+    batch = torch.cat([torch.full((n,), i) for i, n in enumerate(SIZES)])
+    return xs, ps, batch
+
+
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_flat_equals_padded(name):
+    torch.manual_seed(0)
+    attn = build(name, dim=32, heads=4, **OPTIONS[name]).double().eval()
+    xs, ps, batch = _clouds()
+    (x, mask), (pos, _) = pad_clouds(xs), pad_clouds(ps)
+    ref = attn(x, pos, mask)[mask]
+    ptr = torch.tensor([0, *torch.tensor(SIZES).cumsum(0).tolist()])
+    torch.testing.assert_close(attn(torch.cat(xs), torch.cat(ps), batch=batch), ref, rtol=0, atol=0)
+    torch.testing.assert_close(attn(torch.cat(xs), torch.cat(ps), ptr=ptr), ref, rtol=0, atol=0)
+    # one flat cloud without an index is one cloud
+    torch.testing.assert_close(attn(xs[0], ps[0]), attn(xs[0][None], ps[0][None])[0], rtol=0, atol=0)
+
+
+def test_flat_gradients_reach_the_inputs():
+    torch.manual_seed(0)
+    attn = build("hept", dim=32, heads=4, **OPTIONS["hept"]).double()
+    xs, ps, batch = _clouds()
+    x = torch.cat(xs).requires_grad_(True)
+    attn(x, torch.cat(ps), batch=batch).pow(2).sum().backward()
+    assert x.grad is not None and bool(torch.isfinite(x.grad).all()) and float(x.grad.abs().sum()) > 0
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(batch=torch.tensor([0, 0, 1, 0])), "sorted"),
+    (dict(batch=torch.tensor([0, 0, 2, 2])), r"cloud\(s\) \[1\] have no points"),
+    (dict(batch=torch.tensor([0, 0, 1])), "4 cloud indices"),
+    (dict(batch=torch.tensor([0.0, 0, 1, 1])), "integer"),
+    (dict(ptr=torch.tensor([0, 2, 3])), "end at the point count 4"),
+    (dict(ptr=torch.tensor([0, 3, 2, 4])), "must not decrease"),
+    (dict(batch=torch.tensor([0, 0, 1, 1]), ptr=torch.tensor([0, 2, 4])), "not both"),
+])
+def test_bad_flat_index_is_named(kwargs, match):
+    attn = build("full", dim=8, heads=2)
+    with pytest.raises(ValueError, match=match):
+        attn(torch.randn(4, 8), **kwargs)
+
+
+def test_flat_input_rejects_a_mask_and_mismatched_pos():
+    attn = build("knn", dim=8, heads=2, k=2, coord_dim=3)
+    b = torch.tensor([0, 0, 1, 1])
+    with pytest.raises(ValueError, match="mask: flat input"):
+        attn(torch.randn(4, 8), torch.randn(4, 3), torch.ones(4, dtype=torch.bool), batch=b)
+    with pytest.raises(ValueError, match=r"pos: with flat x \(4, D\)"):
+        attn(torch.randn(4, 8), torch.randn(5, 3), batch=b)
+
+
+def test_layout_round_trip():
+    lay = flat_layout(5, batch=torch.tensor([0, 0, 0, 1, 1]))
+    t = torch.arange(5.0)[:, None]
+    assert lay.n_clouds == 2 and lay.n_max == 3
+    torch.testing.assert_close(lay.unpad(lay.pad(t)), t)
+    assert lay.mask().tolist() == [[True, True, True], [True, True, False]]
