@@ -78,3 +78,28 @@ def test_layout_round_trip():
     assert lay.n_clouds == 2 and lay.n_max == 3
     torch.testing.assert_close(lay.unpad(lay.pad(t)), t)
     assert lay.mask().tolist() == [[True, True, True], [True, True, False]]
+
+
+@pytest.mark.parametrize("name,options", [
+    ("hept-tracking", dict(heads=2, n_layers=2, block_size=16, num_regions=4, mlp_hidden=16, mlp_layers=2)),
+    ("tracking-encoder", dict(attention="performer", heads=2, n_layers=1, pe="learned", mlp_hidden=16, mlp_layers=2)),
+    ("hept-pileup", dict(heads=2, n_layers=1, block_size=16, num_regions=4, mlp_hidden=16, mlp_layers=2)),
+])
+def test_models_take_flat_batches(name, options):
+    from pointformers import models
+
+    torch.manual_seed(0)
+    model = models.build(name, dropout=0.0, **options).double().eval()
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(n, model.in_dim, generator=g, dtype=torch.float64) for n in SIZES]
+    cs = [torch.randn(n, model.coord_dim, generator=g, dtype=torch.float64) for n in SIZES]
+    if name == "hept-pileup":  # the last column is the PID category
+        for x in xs:
+            x[:, -1] = torch.randint(0, 7, (x.shape[0],), generator=g).double()
+    batch = torch.cat([torch.full((n,), i) for i, n in enumerate(SIZES)])
+    (x, mask), (c, _) = pad_clouds(xs), pad_clouds(cs)
+    with torch.no_grad():
+        ref = model(x, c, mask)[mask]
+        torch.testing.assert_close(model(torch.cat(xs), torch.cat(cs), batch=batch), ref, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="no padding"):
+        model(torch.cat(xs), torch.cat(cs), torch.ones(len(batch), dtype=torch.bool), batch=batch)

@@ -100,3 +100,18 @@ def flat_layout(n: int, batch: torch.Tensor | None = None, ptr: torch.Tensor | N
                          f"{(counts == 0).nonzero().flatten().tolist()} have no points; every cloud needs one")
     slot = torch.arange(n, device=cloud.device) - ptr[cloud]
     return FlatLayout(cloud, slot, int(counts.numel()), int(counts.max()) if n else 0)
+
+
+def run_flat(fn, x: torch.Tensor, pos: torch.Tensor, batch: torch.Tensor | None = None,
+             ptr: torch.Tensor | None = None) -> torch.Tensor:
+    """``fn(x (B, n, F), pos (B, n, P), mask (B, n)) -> (B, n, ·)`` called on flat inputs x (N, F),
+    pos (N, P) grouped by ``batch`` or ``ptr`` (see :func:`flat_layout`); returns (N, ·) in the
+    input's order. What a model's ``forward(x, pos, batch=...)`` does with PyG-style input."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x: with batch= or ptr= expected flat (N, F) features, got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if not isinstance(pos, torch.Tensor) or pos.dim() != 2 or pos.shape[0] != x.shape[0]:
+        raise ValueError(f"pos: with flat x ({x.shape[0]}, F) expected ({x.shape[0]}, P) coordinates, got "
+                         f"{tuple(pos.shape) if isinstance(pos, torch.Tensor) else type(pos).__name__}")
+    layout = flat_layout(x.shape[0], batch, ptr, device=x.device)
+    return layout.unpad(fn(layout.pad(x), layout.pad(pos), layout.mask()))

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..attention import is_tracing
+from ..data.batch import run_flat
 from .point_encoder import PointTransformerJK
 from .registry import register_model
 
@@ -74,7 +75,13 @@ class PileupClassifier(nn.Module):
         """Why this model cannot be exported as built, or None (its encoder's reason)."""
         return self.encoder.export_refusal()
 
-    def forward(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor | None = None, *,
+                batch: torch.Tensor | None = None, ptr: torch.Tensor | None = None) -> torch.Tensor:
+        """See the class doc; PyG-style flat x (N, F), coords (N, c) with ``batch``/``ptr`` -> (N,)."""
+        if batch is not None or ptr is not None:
+            if mask is not None:
+                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
+            return run_flat(self.forward, x, coords, batch, ptr)
         if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3) or x.shape[-1] != self.in_dim:
             raise ValueError(f"x: expected (B, N, {self.in_dim}) or (N, {self.in_dim}) features with the PID "
                              f"category last, got {tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..attention import ForwardContext, build as build_attention, check_attention_inputs, entry as attention_entry
 from ..attention import model_options
+from ..data.batch import run_flat
 from ..nn import MLP, TransformerBlock
 
 
@@ -88,7 +89,14 @@ class PointTransformerJK(nn.Module):
                     "which no exported graph reproduces; load with padding='mask' (export's load_model does)")
         return None
 
-    def forward(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor | None = None, *,
+                batch: torch.Tensor | None = None, ptr: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, N, F), coords (B, N, c), mask (B, N) -> (B, N, out_dim); or PyG-style flat x (N, F),
+        coords (N, c) with ``batch`` (N,) sorted cloud indices or ``ptr`` offsets -> (N, out_dim)."""
+        if batch is not None or ptr is not None:
+            if mask is not None:
+                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
+            return run_flat(self.forward, x, coords, batch, ptr)
         if x.dim() == 2:  # a single cloud (N, F)
             return self.forward(x[None], coords[None], None if mask is None else mask[None])[0]
         if x.dim() != 3 or x.shape[-1] != self.in_dim:
