@@ -8,9 +8,9 @@ ONNX export needs the optional extra ``pointformers[export]`` (onnx, onnxscript,
 ``torch.export`` needs only torch.
 """
 from .onnx_export import (EXPORT_FORMATS, ExportableModel, UnsupportedExportError, check_exportable, export_model,
-                          load_model, supported_mechanisms)
+                          load_model, onnx_translation_table, supported_mechanisms)
 from .runtime import ExportedInference, OnnxInference, TorchExportInference, load_exported, read_metadata
 
 __all__ = ["export_model", "load_model", "ExportableModel", "UnsupportedExportError", "supported_mechanisms",
            "EXPORT_FORMATS", "OnnxInference", "TorchExportInference", "ExportedInference", "load_exported",
-           "read_metadata", "check_exportable"]
+           "read_metadata", "check_exportable", "onnx_translation_table"]

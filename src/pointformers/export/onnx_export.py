@@ -45,7 +45,7 @@ from torch import nn
 from ..attention import MECHANISMS, TokenMixer, UnsupportedExportError, set_exportable
 
 __all__ = ["UnsupportedExportError", "ExportableModel", "export_model", "load_model", "supported_mechanisms",
-           "check_exportable", "EXPORT_FORMATS", "METADATA_KEY"]
+           "check_exportable", "onnx_translation_table", "EXPORT_FORMATS", "METADATA_KEY"]
 
 #: ``format=`` values of :func:`export_model`.
 EXPORT_FORMATS = ("onnx", "torch.export")
@@ -225,6 +225,16 @@ def _gelu(self, approximate: str = "none"):
     return op.Mul(op.Mul(half, self), op.Add(one, erf))
 
 
+def onnx_translation_table() -> dict:
+    """ONNX translations of the ATen ops the mechanisms' export paths use that the exporter's own
+    table lacks or translates float32-only: pass it as ``torch.onnx.export(...,
+    custom_translation_table=onnx_translation_table())`` when exporting your own module that
+    contains pointformers mechanisms (``aten.sort.stable`` → a full ``TopK``, which breaks ties by the
+    lower index, i.e. the stable order; ``softplus`` and ``gelu`` also in float64)."""
+    return {torch.ops.aten.sort.stable: _sort_stable_to_topk, torch.ops.aten.softplus.default: _softplus,
+            torch.ops.aten.gelu.default: _gelu}
+
+
 def export_program(wrapper: ExportableModel, inputs: tuple[torch.Tensor, torch.Tensor]):
     """``torch.export`` the wrapper with a dynamic point count."""
     with torch.no_grad():
@@ -299,9 +309,7 @@ def export_model(model_or_checkpoint: nn.Module | str | os.PathLike | Mapping[st
                 onnx_program = torch.onnx.export(
                     program, inputs, dynamo=True, opset_version=opset, input_names=["x", "coords"],
                     output_names=[OUTPUT_NAME], verbose=verbose,
-                    custom_translation_table={torch.ops.aten.sort.stable: _sort_stable_to_topk,
-                                              torch.ops.aten.softplus.default: _softplus,
-                                              torch.ops.aten.gelu.default: _gelu},
+                    custom_translation_table=onnx_translation_table(),
                     optimize=bool(optimize), external_data=False)
             proto = onnx_program.model_proto
             meta["opset"] = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), opset)
