@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.pointformers-installed
 
-.PHONY: demo test test-heavy wheel-smoke install clean
+.PHONY: demo test test-heavy wheel-smoke examples api-docs install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,5 +35,21 @@ test-heavy: $(STAMP)
 wheel-smoke:
 	PYTHON=$(PYTHON) bash scripts/wheel_smoke.sh
 
+# Every example script (examples/*.py and examples/export_onnx_cpp/export_and_run.py), one CPU
+# thread each, with its time; any non-zero exit fails the target. Each takes well under a minute.
+EXAMPLES := $(sort $(wildcard examples/*.py)) examples/export_onnx_cpp/export_and_run.py
+
+examples: $(STAMP)
+	@set -e; for script in $(EXAMPLES); do \
+		echo "== $$script"; t0=$$(date +%s); \
+		OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python $$script; \
+		echo "== $$script: ok ($$(( $$(date +%s) - t0 )) s)"; \
+	done
+
+# The HTML API reference from the docstrings (pdoc, the `docs` extra) in build/api/; fails on any
+# pdoc warning (a module that does not import, a docstring or annotation it cannot process).
+api-docs: $(STAMP)
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python scripts/api_docs.py build/api
+
 clean:
-	rm -rf $(VENV) .pointformers-cache runs
+	rm -rf $(VENV) .pointformers-cache runs build/api

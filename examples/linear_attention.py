@@ -57,3 +57,25 @@ class LinearAttention(TokenMixer):
         num = torch.einsum("bnhd,bhde->bnhe", q, kv)  # (B, N, H, d + 1): numerators and denominator
         out = num[..., :-1] / num[..., -1:]
         return self.zero_padding(self.out_linear(out.reshape(B, N, -1)), mask)
+
+
+if __name__ == "__main__":
+    # python examples/linear_attention.py: run as a script, the file has registered "linear" (as
+    # "__main__"); a package model takes it by name. One forward pass of two clouds, the second
+    # padded; padding must not change a real point's output (the contract's padding invariance).
+    import pointformers
+    from pointformers.bench.flops import attention_flops
+
+    torch.manual_seed(0)
+    model = pointformers.models.build("tracking-encoder", attention="linear", n_layers=2).eval()
+    x, coords = torch.randn(2, 300, model.in_dim), torch.randn(2, 300, model.coord_dim)
+    mask = torch.ones(2, 300, dtype=torch.bool)
+    mask[1, 200:] = False  # the second cloud has 200 points
+    with torch.no_grad():
+        out = model(x, coords, mask)
+        alone = model(x[1:, :200], coords[1:, :200])
+    torch.testing.assert_close(out[1:, :200], alone, rtol=1e-5, atol=1e-5)
+    assert bool((out[1, 200:] == 0).all())
+    flops = attention_flops("linear", n=4096, dim=64, heads=4).total()
+    print(f"tracking-encoder with attention='linear': out {tuple(out.shape)}, "
+          f"{sum(p.numel() for p in model.parameters()):,} parameters; one layer on 4,096 points: {flops / 1e6:.0f} MFLOP")

@@ -39,9 +39,9 @@ def test_every_optional_module_is_in_its_extra():
             assert "uproot" in _names(extras[extra])
             continue
         assert pip_name.lower() in _names(extras[extra]), (module, extra)
-    every = {e for e in extras if e not in ("all", "test")}
+    every = {e for e in extras if e not in ("all", "test", "docs")}  # docs: tooling (pdoc), in test only
     assert extras["all"] == [f"pointformers[{','.join(sorted(every, key=list(extras).index))}]"]
-    assert "pointformers[all]" in extras["test"]
+    assert "pointformers[all,docs]" in extras["test"] and _names(extras["docs"]) == {"pdoc"}
 
 
 def test_package_data_files_exist():
