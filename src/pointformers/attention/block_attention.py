@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from ..nn import fast_linear
+from ..nn.model_inputs import is_tracing
 from .kernel import DENOM_EPS
 
 #: Default groups (cloud × head) per block-attention chunk of the static (export) path; None = all
@@ -183,7 +184,10 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
         for h in range(heads):
             qa, ka, va = head_rows(xp, wq, wk, wv, heads, h)
             iq, ik = sort_head(qa, ka, h)
-            _, den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks, out=out[:, h])
+            if is_tracing():  # torch.compile refuses a non-contiguous out=
+                out[:, h], den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks)
+            else:
+                _, den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks, out=out[:, h])
             orders.append(torch.stack([iq, ik]))
         ctx.save_for_backward(xp, wq, wk, wv, torch.stack(orders), out, den)
         ctx.heads, ctx.block_size, ctx.chunk_blocks = heads, block_size, chunk_blocks

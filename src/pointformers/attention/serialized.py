@@ -72,6 +72,8 @@ class SerializedAttention(TokenMixer):
     ``context`` already holds this layer's order (:meth:`use_order`, or an earlier layer).
     """
 
+    _repr_fields = ("patch_size", "curve", "shift", "coord_dim")
+
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, patch_size: int = 1024,
                  curve: str = "auto", layer_index: int = 0, shift: bool = False, bits: int | None = None,
                  coord_dim: int | None = None, bias: bool = False):
@@ -150,7 +152,9 @@ class SerializedAttention(TokenMixer):
                 context: ForwardContext | None = None) -> torch.Tensor:
         """x (B, N, D), pos (B, N, P), mask (B, N) -> (B, N, D)."""
         x, mask, order = self._inputs(x, pos, mask, context)
-        src, point_slot = (self._static_slots if self.exportable else self._packed_slots)(order, mask)
+        # export mode, and under torch.compile: the static layout (the packed one reads a count on the host)
+        static = self.exportable or is_tracing()
+        src, point_slot = (self._static_slots if static else self._packed_slots)(order, mask)
         return self._attend_patches(x, mask, src, point_slot)
 
     def _packed_slots(self, order: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,7 +211,7 @@ class SerializedAttention(TokenMixer):
 
         def patches(t):  # (B, N, H, d) -> (T, H, S, d)
             flat = torch.cat([t.reshape(B * N, H, d), t.new_zeros(1, H, d)])  # + an all-zero row for empty slots
-            if self.exportable:
+            if self.exportable or is_tracing():
                 # indexing by the 2-D src keeps its (T, S) shape: no view with a symbolic T that the exporter
                 # would have to prove divides the element count
                 return flat[src].transpose(1, 2)
@@ -216,7 +220,7 @@ class SerializedAttention(TokenMixer):
         q, k, v = (patches(t) for t in self._qkv(x))
         key_ok = (src != dummy)[:, None, None, :]
         # the key mask only where a patch has empty slots; export mode cannot look (host read), so always
-        attn_mask = key_ok if self.exportable or not bool(key_ok.all()) else None
+        attn_mask = key_ok if self.exportable or is_tracing() or not bool(key_ok.all()) else None
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)  # (T, H, S, d)
         o = o.transpose(1, 2).reshape(T * S, H * d).index_select(0, point_slot.reshape(B * N)).view(B, N, H * d)
         return self.zero_padding(self.out_linear(o), mask)

@@ -63,7 +63,7 @@ from torch import nn
 
 from ..nn import fast_linear
 from ..nn.transformer_block import TransformerBlock
-from .base import TokenMixer, check_attention_inputs
+from .base import TokenMixer, check_attention_inputs, is_tracing
 from .flop_count import FlopCount
 from .registry import register
 from .sampling import NEG_INF, gather_rows, gumbel_noise, softplus_power_ratio, stable_descending_order, work_dtype
@@ -236,6 +236,14 @@ class SFTSampler(nn.Module):
         self.k, self.tau, self.drop_token, self.partner, self.gumbel = k, float(tau), float(drop_token), partner, gumbel
         self.score = nn.Linear(dim, 1)
 
+    def reset_parameters(self) -> None:
+        """Re-initialise the score ``Linear_S`` as the constructor does."""
+        self.score.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return (f"k={self.k}, tau={self.tau}, drop_token={self.drop_token}, partner={self.partner!r}, "
+                f"gumbel={self.gumbel}")
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, generator: torch.Generator | None = None) -> SFTSample:
         """``mask`` None means every point is real (skips the masking work; same result as all True)."""
         B, N, _ = x.shape
@@ -367,7 +375,11 @@ class SFTAttention(TokenMixer):
     Shapes: x (B, N, D), pos (B, N, P), mask (B, N) bool, edge_attr (B, N, N, r) -> (B, N, D), padded
     rows zero. Cost O(N·k·(h·d_h + r)) time, O(N·k·h) memory; scores/probabilities are computed in
     float32 (float64 stays float64) even for bfloat16 inputs. Export mode: module docstring.
+    ``reset_parameters()`` re-initialises every projection (sampler score, Q/K/V, C, out, relative
+    features) as the constructor does, in its order; SFT has no frozen draws.
     """
+
+    _repr_fields = ("k", "rpe", "leaky", "leak_mode")
 
     def __init__(self, dim: int, heads: int = 8, k: int = 256, head_dim: int | None = None, rpe: str = "none",
                  normal_dims: int = 0, edge_dim: int | None = None, pe_dim: int | None = None,
@@ -517,6 +529,8 @@ class SFTAttention(TokenMixer):
         goes through :func:`check_attention_inputs`, which raises the descriptive ``ValueError``
         (or, when the sum merely overflowed, returns the mask).
         """
+        if is_tracing():  # eager-only checks (host reads break a compiled or exported graph)
+            return mask
         B_N = x.shape[:2] if isinstance(x, torch.Tensor) and x.dim() == 3 else None
         if (B_N is not None and x.dtype in _FLOATS and x.shape[-1] == self.dim and x.numel() > 0
                 and self._pos_well_formed(x, pos)

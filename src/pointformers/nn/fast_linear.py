@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .model_inputs import is_tracing
+
 __all__ = ["available", "enabled", "set_enabled", "disabled", "linear", "matmul"]
 
 _ACTIVATIONS = ("none", "gelu")
@@ -106,9 +108,9 @@ def _packed_weight(lin: nn.Linear) -> torch.Tensor:
 
 def _applies(x: torch.Tensor, w: torch.Tensor) -> bool:
     # not while tracing or compiling: exported graphs (ONNX, torch.export) keep portable ops
-    return (x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and w.dtype == torch.float32
-            and w.device.type == "cpu" and not torch.is_grad_enabled() and enabled()
-            and not torch.jit.is_tracing() and not torch.compiler.is_compiling())
+    # (tracing first: the availability probe is a function torch.compile refuses to trace)
+    return (not is_tracing() and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu"
+            and w.dtype == torch.float32 and w.device.type == "cpu" and not torch.is_grad_enabled() and enabled())
 
 
 def _run(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
