@@ -28,9 +28,10 @@ import torch
 from torch import nn
 
 from ..nn.model_inputs import check_attention_inputs, is_tracing
+from ..nn.transformer_block import reset_module
 
 __all__ = ["TokenMixer", "ForwardContext", "UnsupportedExportError", "check_attention_inputs", "is_tracing",
-           "set_exportable"]
+           "set_exportable", "reset_module"]
 
 class UnsupportedExportError(ValueError):
     """A mechanism (with its options) has no exportable path; the message says which and why."""
@@ -156,6 +157,33 @@ class TokenMixer(nn.Module):
             self.w_v = nn.Linear(self.dim, inner, bias=bias)
         if out:
             self.out_linear = nn.Linear(inner, self.dim)
+
+    # ---------------------------------------------------------------- construction conventions
+    #: Attributes :meth:`extra_repr` shows after ``dim``, ``heads`` and ``head_dim`` (a mechanism's main options).
+    _repr_fields: tuple[str, ...] = ()
+
+    def extra_repr(self) -> str:
+        """``dim=…, heads=…, head_dim=…`` and the mechanism's main options (:attr:`_repr_fields`)."""
+        names = ("dim", "heads", "head_dim") + tuple(self._repr_fields)
+        return ", ".join(f"{n}={getattr(self, n)!r}" for n in names if hasattr(self, n))
+
+    def reset_parameters(self) -> None:
+        """Re-initialise every learnable parameter as the constructor does: each submodule's own
+        ``reset_parameters()`` (``nn.Linear``, ``nn.LayerNorm``, …; a submodule without one is
+        walked into), in registration order, which is the order the constructors create them, then
+        the mechanism's own parameters (:meth:`_reset_own_parameters`). Buffers (frozen draws:
+        hash projections, region counts, random features, seeds) are kept."""
+        for child in self.children():
+            reset_module(child)
+        self._reset_own_parameters()
+
+    def _reset_own_parameters(self) -> None:
+        """Initialise the parameters registered on the mechanism itself (not in a submodule) as its
+        constructor does. Default: there must be none; a mechanism that has some overrides this."""
+        own = [name for name, _ in self.named_parameters(recurse=False)]
+        if own:
+            raise NotImplementedError(f"{type(self).__name__} has parameters of its own ({', '.join(own)}) "
+                                      "and must override _reset_own_parameters()")
 
     def heads_of(self, t: torch.Tensor) -> torch.Tensor:
         """Split the heads of a projection: (B, N, H·d) -> (B, H, N, d) (a view)."""

@@ -100,7 +100,11 @@ class HEPTAttention(KernelAttention):
             benchmark baseline). Same function; export mode uses its own static path.
         generator: optional torch.Generator for the frozen random draws.
     Shapes: x (B, N, D), pos (B, N, c), mask (B, N) -> (B, N, D).
+    ``reset_parameters()`` re-initialises the learnable parameters (projections, ω) as the
+    constructor does; buffers (frozen draws: ``alpha``, the region counts) are kept.
     """
+
+    _repr_fields = ("coord_dim", "block_size", "n_hashes", "num_regions", "implementation")
 
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, coord_dim: int = 2,
                  block_size: int = 100, n_hashes: int = 3, num_regions: float = 150,
@@ -117,6 +121,7 @@ class HEPTAttention(KernelAttention):
         super().__init__(dim, heads, head_dim, coord_dim, tie_first_two, omega_init)
         self.block_size = block_size
         self.n_hashes = n_hashes
+        self.num_regions = num_regions
         self.chunk_elems = chunk_elems
         self.all_heads = all_heads
         self.group_chunk = group_chunk

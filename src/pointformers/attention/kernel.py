@@ -75,11 +75,19 @@ class KernelAttention(TokenMixer):
             raise ValueError(f"omega_init must be > 0, got {omega_init}")
         self.head_dim = head_dim or dim
         self.coord_dim = coord_dim
+        self.omega_init = float(omega_init)
         self.tie_first_two = bool(tie_first_two and coord_dim >= 2)
         inner = heads * self.head_dim
         self._init_projections(inner)
         n_omega = coord_dim - 1 if self.tie_first_two else coord_dim
         self.log_omega = nn.Parameter(torch.full((heads, n_omega), math.log(omega_init)))
+
+    _repr_fields = ("coord_dim", "tie_first_two", "omega_init")
+
+    @torch.no_grad()
+    def _reset_own_parameters(self) -> None:
+        """log ω back to log(``omega_init``) for every head and coordinate (as at construction)."""
+        self.log_omega.fill_(math.log(self.omega_init))
 
     def omega(self) -> torch.Tensor:
         """Positive ω per head and coordinate, (H, c); float32 for a float16/bfloat16 module (ω

@@ -98,6 +98,8 @@ class KNNAttention(TokenMixer):
     Shapes: x (B, N, D), pos (B, N, P), mask (B, N) -> (B, N, D).
     """
 
+    _repr_fields = ("k", "coord_dim")
+
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, k: int = 16,
                  coord_dim: int | None = None, bias: bool = False, chunk_size: int | None = None):
         super().__init__(dim, heads)

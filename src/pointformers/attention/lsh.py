@@ -64,7 +64,11 @@ class LSHAttention(KernelAttention):
         tied: share the query and key projection (q = k), as in Reformer.
         group_chunk: heads per block-attention chunk in export mode (a memory knob; None = all).
     Shapes: x (B, N, D), pos (B, N, c), mask (B, N) -> (B, N, D).
+    ``reset_parameters()`` re-initialises the learnable parameters (projections, ω) as the
+    constructor does; buffers (frozen draws: ``alpha``, ``bucket_counts``) are kept.
     """
+
+    _repr_fields = ("coord_dim", "block_size", "n_hashes", "n_and", "num_regions", "tied")
 
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, coord_dim: int = 2,
                  block_size: int = 100, n_hashes: int = 3, n_and: int = 1, num_regions: float = 150,
@@ -76,6 +80,7 @@ class LSHAttention(KernelAttention):
                 raise ValueError(f"{name} must be a positive int, got {val!r}")
         super().__init__(dim, heads, head_dim, coord_dim, tie_first_two, omega_init)
         self.block_size, self.n_hashes, self.n_and, self.tied = block_size, n_hashes, n_and, bool(tied)
+        self.num_regions = num_regions
         self.chunk_elems = chunk_elems
         self.group_chunk = group_chunk
         if self.tied:

@@ -44,7 +44,9 @@ class PerformerAttention(TokenMixer):
 
     Randomness: Ω is drawn at init (draw 0) and stored as a buffer with its seed and counters
     (``features.*`` in the state_dict). In training it is redrawn per ``redraw``; in ``eval()``
-    it is frozen. Draws are deterministic functions of (seed, draw index).
+    it is frozen. Draws are deterministic functions of (seed, draw index). ``reset_parameters()``
+    re-initialises the projections as the constructor does; buffers (frozen draws: Ω, its seed and
+    counters) are kept.
     Shapes: x (B, N, D), mask (B, N) -> (B, N, D); ``pos`` is accepted and ignored.
     Dtypes: projections run in the module's dtype; features/exp in at least float32.
     Export mode: the non-causal forward is already a static graph (eval reads the frozen Ω), so it
@@ -99,6 +101,4 @@ class PerformerAttention(TokenMixer):
         o = dense_softmax_attention(q @ k.transpose(-1, -2), v, mask, causal=self.causal)
         return self.merge_heads(o, mask, x.dtype)
 
-    def extra_repr(self) -> str:
-        return (f"dim={self.dim}, heads={self.heads}, head_dim={self.head_dim}, nb_features={self.nb_features}, "
-                f"causal={self.causal}")
+    _repr_fields = ("nb_features", "causal")

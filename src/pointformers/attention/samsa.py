@@ -150,8 +150,11 @@ class SAMSAAttention(TokenMixer):
     Shapes: x (B, N, D), mask (B, N) -> (B, N, D), padded rows zero. ``pos`` is accepted and ignored
     (coordinates are token features here). Keyword ``score_x`` (B, N, D): score another tensor than
     x (what :meth:`mix` passes with ``score_input="raw"``). Cost O(N·k·D) time and O(N·k·h)
-    memory; O(k²·h) for the proxy.
+    memory; O(k²·h) for the proxy. ``reset_parameters()`` re-initialises the projections, the
+    importance MLP and the support vectors (N(0, 0.02²)) and scores (0) as the constructor does.
     """
+
+    _repr_fields = ("k", "mode", "tau", "proxy", "support")
 
     def __init__(self, dim: int, heads: int = 4, k: int = 256, head_dim: int | None = None, mode: str = "hard",
                  tau: float | None = None, proxy: str = "pairwise_sigmoid", support: bool = True,
@@ -182,6 +185,13 @@ class SAMSAAttention(TokenMixer):
         if support:
             self.support_kv = nn.Parameter(torch.randn(heads, 2 * k, 2 * self.head_dim) * 0.02)
             self.support_score = nn.Parameter(torch.zeros(heads, 2 * k))
+
+    @torch.no_grad()
+    def _reset_own_parameters(self) -> None:
+        """The support key/value vectors ~ N(0, 0.02²) and their scores 0, as at construction."""
+        if self.support:
+            self.support_kv.normal_(0.0, 0.02)
+            self.support_score.zero_()
 
     def min_points(self) -> int:
         """Export: any N with support vectors; without them the graph is traced for N > 2k (see the

@@ -26,9 +26,23 @@ class MLP(nn.Module):
         super().__init__()
         if len(channels) < 2:
             raise ValueError(f"channels needs at least an input and an output width, got {channels}")
+        self.channels = list(channels)
         self.lins = nn.ModuleList(nn.Linear(a, b) for a, b in zip(channels[:-1], channels[1:]))
         self.norms = nn.ModuleList(nn.LayerNorm(c) for c in channels[1:-1])
         self.act = act()
+
+    def reset_parameters(self) -> None:
+        """Re-initialise every Linear, then every LayerNorm (and a learnable activation), as the
+        constructor does (in its order)."""
+        for lin in self.lins:
+            lin.reset_parameters()
+        for norm in self.norms:
+            norm.reset_parameters()
+        if callable(getattr(self.act, "reset_parameters", None)):
+            self.act.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"channels={self.channels}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing():

@@ -10,8 +10,16 @@ class RMSNorm(nn.Module):
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
-        self.eps = eps
+        self.dim, self.eps = dim, eps
         self.weight = nn.Parameter(torch.ones(dim))
+
+    def reset_parameters(self) -> None:
+        """The gain back to 1, as at construction."""
+        with torch.no_grad():
+            self.weight.fill_(1.0)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, eps={self.eps}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight

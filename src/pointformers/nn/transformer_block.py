@@ -48,6 +48,15 @@ class FeedForward(nn.Sequential):
         if dropout is not None:
             layers.append(nn.Dropout(dropout))
         super().__init__(*layers, nn.Linear(hidden, dim))
+        self.dim, self.hidden, self.activation = dim, hidden, activation
+
+    def reset_parameters(self) -> None:
+        """Re-initialise both Linears as the constructor does (``nn.Linear``'s default init, in order)."""
+        self[0].reset_parameters()
+        self[-1].reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, hidden={self.hidden}, activation={self.activation!r}"
 
     def fused(self, h: torch.Tensor, residual: torch.Tensor, inplace: bool = False, block_elems: int = 1 << 18,
               norm: nn.Module | None = None) -> torch.Tensor:
@@ -90,6 +99,21 @@ class FeedForward(nn.Sequential):
             if lin2.bias is not None:
                 y2[s:e] += lin2.bias
         return y
+
+
+def reset_module(module: nn.Module) -> None:
+    """``module.reset_parameters()`` where it has one, else the same for each of its children (in
+    registration order). NotImplementedError for a module without one that holds parameters of its
+    own (nothing is silently left as trained)."""
+    reset = getattr(module, "reset_parameters", None)
+    if callable(reset):
+        reset()
+        return
+    own = [name for name, _ in module.named_parameters(recurse=False)]
+    if own:
+        raise NotImplementedError(f"{type(module).__name__} has parameters ({', '.join(own)}) but no reset_parameters()")
+    for child in module.children():
+        reset_module(child)
 
 
 def _norm(kind: str, dim: int) -> nn.Module:
@@ -149,6 +173,22 @@ class TransformerBlock(nn.Module):
         if rezero is True:
             self.alpha = nn.Parameter(torch.zeros(()))
         object.__setattr__(self, "_shared_alpha", shared)   # not registered: its owner's state_dict holds it
+
+    def reset_parameters(self) -> None:
+        """Re-initialise the norms, the mixer (its ``reset_parameters()``), the FFN and this block's own
+        ReZero α (0) as at construction. A shared α (``rezero=`` an ``nn.Parameter``) belongs to its
+        owner, which resets it; the mixer's buffers (frozen draws) are kept."""
+        for module in (self.norm1, self.mixer, self.norm2, self.ff):
+            if module is not None:
+                reset_module(module)
+        if "alpha" in self._parameters:
+            with torch.no_grad():
+                self.alpha.zero_()
+
+    def extra_repr(self) -> str:
+        rezero = "shared" if self._shared_alpha is not None else "alpha" in self._parameters
+        return (f"dim={self.dim}, norm={self.norm_type!r}, norm_position={self.norm_position!r}, "
+                f"activation={self.activation!r}, rezero={rezero!r}")
 
     def residual_scale(self) -> torch.Tensor | None:
         """ReZero's α (this block's own or the shared one), or None for plain residuals."""
