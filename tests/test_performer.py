@@ -261,7 +261,7 @@ def test_bad_input_errors():
     with pytest.raises(ValueError, match="feature size"):
         a(torch.randn(1, 10, 5))
     with pytest.raises(ValueError, match=r"x must be a \(B, N, D\)"):
-        a(torch.randn(10, 16))
+        a(torch.randn(16))  # (a 2-D x is a flat PyG-style cloud, see test_flat_batch.py)
     with pytest.raises(ValueError, match="mask has shape"):
         a(x, mask=torch.ones(1, 9, dtype=torch.bool))
     with pytest.raises(ValueError, match="pos must have shape"):
