@@ -7,7 +7,6 @@ from pointformers.attention.flt import FLTAttention
 from pointformers.attention.full import FullAttention
 from pointformers.attention.samsa import SAMSAAttention
 from pointformers.models import build
-from pointformers.models.flt_models import ExactRPEAttention
 
 SEQ = ["samsa-seq", "flt-seq", "full-seq", "mlp-seq"]
 VOCAB = 12
@@ -89,7 +88,8 @@ def test_flt_seq_shares_one_rpe_across_layers_and_has_an_exact_twin():
     assert n_unshared - n_shared == 2 * per_layer_rpe
     exact = _model("flt-seq", depth=3, attention="flt_exact")
     exact.load_state_dict(m.state_dict())
-    assert all(isinstance(b.mixer, ExactRPEAttention) for b in exact.blocks)
+    assert all(type(b.mixer) is FLTAttention and b.mixer.exact for b in exact.blocks)
+    assert not any(b.mixer.exact for b in m.blocks)
 
 
 def test_bad_token_inputs_raise_value_errors():

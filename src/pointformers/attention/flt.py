@@ -40,6 +40,10 @@ from .registry import register
 RPE_TYPES = ("gaussian_mixture", "local", "gaussian_basis")
 _DEFAULT_T = {"gaussian_mixture": 25, "local": 16, "gaussian_basis": 32}
 _DEFAULT_ELL = {"gaussian_mixture": 1, "local": 1, "gaussian_basis": 3}
+#: The RPE state of a layer (parameters, buffers, the frequency-noise module): what
+#: :meth:`FLTAttention.share_rpe_with` shares.
+RPE_STATE = ("rpe_w", "rpe_w_imag", "rpe_sigma_raw", "rpe_mu", "rpe_radius_raw", "log_proposal_std", "sigma_max",
+             "rpe_noise")
 
 
 def _log_uniform(shape: tuple[int, ...], lo: float, hi: float, generator: torch.Generator | None) -> torch.Tensor:
@@ -71,7 +75,7 @@ class FLTAttention(TokenMixer):
     Args:
         dim: model width D.
         heads: H. The RPE parameters and frequencies are per head (the paper's LM shares them
-            across layers; share a module's ``rpe_*`` parameters to do that).
+            across layers: :meth:`share_rpe_with`).
         head_dim: per-head width d (default D // H, or D when H does not divide D).
         nb_features: FAVOR+ random features m (paper: 64 for LM and OC20, 128 for ViT).
         num_rpe_features: RPE frequencies r (paper: 32 LM, 64 ViT, 16 OC20); 2r real columns.
@@ -100,6 +104,10 @@ class FLTAttention(TokenMixer):
         seed: master seed of all random draws (default: from ``generator`` or the global RNG).
         generator: optional torch.Generator, used for ``seed`` and the parameter inits.
         bias: whether q/k/v projections carry a bias.
+        exact: compute the forward pass by the reference path, :meth:`exact_attention`: exact
+            softmax(f(r_i − r_j) + q·k/√d) with the closed-form f, O(N²) memory — what FAVOR+
+            approximates (the models' ``attention="flt_exact"``). Same parameters, buffers and
+            random draws as the FAVOR+ path, so either loads the other's state_dict.
 
     Randomness: Ω (m, d + 2r) and ε (H, r, ℓ) are drawn at init from ``seed`` and stored as
     buffers (``omega.*``, ``rpe_noise.*``); in training they are redrawn per ``redraw`` /
@@ -111,12 +119,17 @@ class FLTAttention(TokenMixer):
     so it is the export path as is; ``causal=True`` is refused (:meth:`export_refusal`).
     """
 
+    #: The mixer encodes the positions it is given (relatively, f(r_i − r_j)): a model that feeds it
+    #: positions needs no absolute position embedding of its own.
+    encodes_positions: bool = True
+
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, nb_features: int = 64,
                  num_rpe_features: int = 32, rpe_type: str = "gaussian_mixture", num_components: int | None = None,
                  coord_dim: int | None = None, proposal_std: float | None = None,
                  learn_proposal: bool | None = None, complex_g: bool = False, causal: bool = False,
                  chunk_size: int = 128, redraw: str | int = "never", redraw_rpe: str | int = "never",
-                 seed: int | None = None, generator: torch.Generator | None = None, bias: bool = False):
+                 seed: int | None = None, generator: torch.Generator | None = None, bias: bool = False,
+                 exact: bool = False):
         super().__init__(dim, heads)
         if rpe_type not in RPE_TYPES:
             raise ValueError(f"rpe_type must be one of {RPE_TYPES}, got {rpe_type!r}")
@@ -134,7 +147,7 @@ class FLTAttention(TokenMixer):
         self.head_dim = head_dim or (dim // heads if dim % heads == 0 else dim)
         self.nb_features, self.num_rpe_features, self.num_components = nb_features, num_rpe_features, T
         self.rpe_type, self.coord_dim, self.complex_g = rpe_type, ell, bool(complex_g)
-        self.causal, self.chunk_size = bool(causal), chunk_size
+        self.causal, self.chunk_size, self.exact = bool(causal), chunk_size, bool(exact)
         H, r, d = heads, num_rpe_features, self.head_dim
 
         self._init_projections(H * d, bias)
@@ -220,6 +233,14 @@ class FLTAttention(TokenMixer):
             f = w / (math.sqrt(2 * math.pi) * sigma) ** ell * torch.exp(-delta.pow(2).sum(-1) / (2 * sigma.pow(2)))
         return f.sum(-1)
 
+    def share_rpe_with(self, other: "FLTAttention") -> None:
+        """Use ``other``'s RPE (:data:`RPE_STATE`: the spectrum's parameters, the proposal stds and
+        the frequency noise ε) instead of this layer's own, as the paper's LM shares one RPE across
+        layers. The shared tensors appear under both layers' names in a state_dict."""
+        for name in RPE_STATE:
+            if getattr(other, name, None) is not None:
+                setattr(self, name, getattr(other, name))
+
     def proposal_std(self) -> torch.Tensor:
         """Std s of the proposal p = N(0, s²I) per (head, frequency), (H, r)."""
         return self.log_proposal_std.exp()
@@ -288,7 +309,10 @@ class FLTAttention(TokenMixer):
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 context=None) -> torch.Tensor:
-        """x (B, N, D), pos (B, N, ℓ), mask (B, N) -> (B, N, D); ``context`` is not used."""
+        """x (B, N, D), pos (B, N, ℓ), mask (B, N) -> (B, N, D); ``context`` is not used. With
+        ``exact=True``: :meth:`exact_attention`."""
+        if self.exact:
+            return self.exact_attention(x, pos, mask)
         mask = self.check(x, pos, mask)
         omega, eps = self.omega(), self.rpe_noise()  # apply the redraw policies (training only)
         qh, kh, v = self.augmented_qkv(x, pos, mask, eps)
@@ -313,4 +337,5 @@ class FLTAttention(TokenMixer):
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, heads={self.heads}, head_dim={self.head_dim}, nb_features={self.nb_features}, "
                 f"num_rpe_features={self.num_rpe_features}, rpe_type={self.rpe_type!r}, "
-                f"num_components={self.num_components}, coord_dim={self.coord_dim}, causal={self.causal}")
+                f"num_components={self.num_components}, coord_dim={self.coord_dim}, causal={self.causal}"
+                + (", exact=True" if self.exact else ""))

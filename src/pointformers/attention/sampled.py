@@ -32,6 +32,12 @@ Cycles (``mode=``):
   deterministic, independent of the global RNG and of the other clouds in the batch, and differs
   between layers. ``eval_cycle="random"`` keeps drawing fresh cycles in eval (a
   Monte-Carlo test-time option; the paper does not say how it evaluates).
+  ``eval_cycle="coordinates"`` orders each cloud's real points in eval by a seeded pseudo-random
+  hash of their coordinates (:func:`coordinate_cycle`, seeded with ``seed``): a fixed,
+  uniform-looking function of the *set* of points, so the layer is exactly equivariant to the
+  order in which the points are stored (and blind to padding) while the attention pattern stays
+  random with respect to geometry (the point classifiers' default; the layer then needs ``pos``
+  in eval).
 * ``"sparse"``: the fixed cycle through the real points in input (index) order, wrapping round,
   in training and eval alike: the paper's "sparse attention" baseline (Tables 3–4). It is not
   permutation-equivariant; do not shuffle points in the loader if you want it fixed.
@@ -48,13 +54,15 @@ No export path (see :data:`EXPORT_REFUSAL`).
 Equivariance: with an explicit cycle, permuting the points by σ and relabelling the cycle
 accordingly permutes the output by σ exactly. With sampled cycles the output is equivariant in
 distribution (the cycle is uniform, whatever the labels); a seeded eval cycle is a fixed function of
-the ranks, so it is not.
+the ranks, so it is not; a coordinate eval cycle is a function of the point set, so it is exactly.
 
 We depart from Eq. 1, which has no scale: scores are scaled by 1/√d (as in standard attention; pass ``scale=1.0``
 for the literal equations). The module returns the mixer output only; the block adds the
 residual of Eq. 5b.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -72,7 +80,7 @@ EXPORT_REFUSAL = ("its eval cycle is randperm(n) drawn from a CPU torch.Generato
 _MODES = ("sampled", "sparse")
 _KERNELS = ("roll", "subsets")
 _SCOPES = ("sample", "batch")
-_EVAL_CYCLES = ("seeded", "random")
+_EVAL_CYCLES = ("seeded", "random", "coordinates")
 
 
 def literal_subsets(order: torch.Tensor, n_s: int) -> list[torch.Tensor]:
@@ -104,6 +112,23 @@ def _real_first(mask: torch.Tensor) -> torch.Tensor:
     return torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
 
 
+def coordinate_cycle(pos: torch.Tensor, mask: torch.Tensor, seed: int) -> torch.Tensor:
+    """A cycle through each cloud's real points, ordered by a seeded hash of the coordinates.
+
+    pos (B, N, P), mask (B, N) -> order (B, N) int64: row b lists cloud b's real points in cycle order,
+    then its padded points (the format of :meth:`SampledAttention.use_order`). The hash
+    ``frac(sin(pos·w + c)·43758.5453)`` (w, c drawn from ``seed``) depends on a point's coordinates
+    only, so permuting the points permutes the order consistently; distinct points get distinct keys
+    almost surely (ties, e.g. duplicated points, fall back to index order).
+    """
+    g = torch.Generator().manual_seed(int(seed) % (1 << 63))
+    w = (torch.rand(pos.shape[-1], generator=g, dtype=torch.float64) * 2 - 1) * 97.0
+    c = float(torch.rand((), generator=g, dtype=torch.float64)) * 2 * math.pi
+    key = torch.frac(torch.sin(pos.double() @ w.to(pos.device) + c).abs() * 43758.5453)
+    key = key.masked_fill(~mask, 2.0)                                 # padding after all real points
+    return torch.argsort(key, dim=1, stable=True)
+
+
 def sampled_flops(m: "SampledAttention", n: int, dim: int, pos_dim: int | None = None) -> FlopCount:
     """Projections and every query against 2 keys (itself and its successor), without the
     denominator column (the softmax is over two scores)."""
@@ -126,12 +151,15 @@ class SampledAttention(TokenMixer):
             roll kernel's output does not depend on it.
         perm_scope: ``"sample"`` (a cycle per cloud) or ``"batch"`` (one draw of random keys over
             ranks shared by the batch: clouds of equal size share the cycle).
-        eval_cycle: ``"seeded"`` (deterministic per cloud size in eval) or ``"random"``.
+        eval_cycle: the cycle in eval: ``"seeded"`` (deterministic per cloud size), ``"random"``
+            (fresh draws) or ``"coordinates"`` (a seeded hash of the point coordinates, needs
+            ``pos``: exactly equivariant; module docstring).
         seed: the eval-cycle seed (default None: drawn from the global torch RNG at init).
         scale: score scale (default 1/√d).
         bias: whether the q/k/v projections carry a bias (the output projection always does).
-    Shapes: x (B, N, D), mask (B, N) -> (B, N, D). ``pos`` is accepted and ignored (the paper adds
-    a positional embedding to x before the layer).
+    Shapes: x (B, N, D), mask (B, N) -> (B, N, D). ``pos`` (B, N, P) is accepted and ignored (the
+    paper adds a positional embedding to x before the layer), except by ``eval_cycle="coordinates"``
+    in eval, which orders the points by it.
     """
 
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, mode: str = "sampled",
@@ -156,8 +184,16 @@ class SampledAttention(TokenMixer):
         self.register_buffer("seed", torch.tensor(int(seed), dtype=torch.int64))
 
     # ----------------------------------------------------------------------------- cycles
-    def cycle_order(self, mask: torch.Tensor) -> torch.Tensor:
-        """Draw the cycles for a batch. mask (B, N) bool -> order (B, N) int64 (see module doc)."""
+    def cycle_order(self, mask: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+        """Draw the cycles for a batch. mask (B, N) bool -> order (B, N) int64 (see module doc).
+
+        ``pos`` (B, N, P): the coordinates that ``eval_cycle="coordinates"`` orders the points by in
+        eval (:func:`coordinate_cycle`; required there, ignored otherwise)."""
+        if self.mode == "sampled" and self.eval_cycle == "coordinates" and not self.training:
+            if pos is None:
+                raise ValueError("sampled: eval_cycle='coordinates' orders the points by their coordinates; "
+                                 "pos (B, N, P) is required in eval")
+            return coordinate_cycle(pos, mask, int(self.seed))
         B, N = mask.shape
         dev = mask.device
         n = mask.sum(1, keepdim=True)
@@ -180,7 +216,7 @@ class SampledAttention(TokenMixer):
 
     def prepare(self, pos: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
         """This layer's cycles (:meth:`cycle_order`), (B, N) int64."""
-        return self.cycle_order(mask)
+        return self.cycle_order(mask, pos)
 
     def prepare_key(self):
         # the sparse cycle is the same for every layer; sampled cycles are each layer's own draw

@@ -18,10 +18,17 @@ O(N) time.
   m = 64. The output is exactly translation-invariant; rotation-invariant in distribution over ξ.
 
 ``attention="flt_exact"`` is the quadratic twin with the *same* learned RPE: exact
-softmax(f(r_i − r_j) + q·k/√d) attention (:class:`ExactRPEAttention`, FLT's reference path), which
+softmax(f(r_i − r_j) + q·k/√d) attention (FLT's reference path, ``FLTAttention(exact=True)``), which
 is what FLT approximates; any other registry key (``"full"``, ``"performer"``) swaps the mechanism
-in the same layout (those ignore positions: for sequences a learned absolute position embedding
-is then added, ``positional="learned"``).
+in the same layout.
+
+The layout asks the mechanism, never its name: the FLT options above (``nb_features``,
+``num_rpe_features``, ``rpe_type``, ``num_components``, ``coord_dim``, ``causal``,
+``learn_proposal``) go to a mechanism whose constructor takes them (so FAVOR+'s ``nb_features`` and
+``causal`` also reach ``"performer"``), ``attention_options`` win over them; ``share_rpe`` applies
+to mixers that can share their RPE (``share_rpe_with``); and sequences get a learned absolute
+position embedding (``positional="learned"``) unless the mixer encodes positions itself
+(``encodes_positions``, as FLT's RPE).
 Randomness: FAVOR+'s Ω and the RPE frequencies are drawn at init and frozen by default.
 """
 from __future__ import annotations
@@ -29,8 +36,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import build as build_attention
-from ..attention.flt import FLTAttention
+from ..attention import build as build_attention, entry as attention_entry
 from ..nn.model_inputs import check_point_inputs, check_token_inputs
 from ..nn.pooling import masked_mean, masked_sum
 from ..nn.transformer_block import TransformerBlock
@@ -43,39 +49,30 @@ PAPER_LM = dict(dim=512, depth=6, heads=8, nb_features=64, num_rpe_features=32, 
 PAPER_OC20 = dict(dim=768, depth=12, heads=48, nb_features=64, num_rpe_features=16, num_components=32,
                   ffn_hidden=2048)
 
-#: The RPE state of FLTAttention (parameters, buffers, the frequency module), shared by ``share_rpe``.
-_RPE_NAMES = ("rpe_w", "rpe_w_imag", "rpe_sigma_raw", "rpe_mu", "rpe_radius_raw", "log_proposal_std",
-              "sigma_max", "rpe_noise")
+#: ``attention`` values of these models that name a registry mechanism with options: FLT's exact
+#: dense reference path (``FLTAttention(exact=True)``).
+ATTENTION_PRESETS = {"flt_exact": ("flt", {"exact": True})}
 
 
-class ExactRPEAttention(FLTAttention):
-    """FLT's exact quadratic counterpart: softmax(f(r_i − r_j) + q·k/√d) with the closed-form learned f.
-
-    Same parameters and options as :class:`FLTAttention`; forward = :meth:`FLTAttention.exact_attention`
-    (O(N²) memory). x (B, N, D), pos (B, N, ℓ), mask (B, N) -> (B, N, D).
-    """
-
-    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                **unused) -> torch.Tensor:
-        return self.exact_attention(x, pos, mask)
+def _mechanism(attention: str, attention_options: dict | None, model_options: dict) -> tuple[str, dict]:
+    """The registry key and constructor options of the layers' mixer: ``attention`` (or its
+    :data:`ATTENTION_PRESETS` entry), the model's options that its constructor takes, then the
+    preset's and ``attention_options`` (which win)."""
+    name, preset = ATTENTION_PRESETS.get(attention, (attention, {}))
+    entry = attention_entry(name)
+    opts = {k: v for k, v in model_options.items() if entry.accepts(k)}
+    return name, {**opts, **preset, **(attention_options or {})}
 
 
 def _flt_stack(dim: int, depth: int, heads: int, attention: str, flt_options: dict, share_rpe: bool,
                ffn_hidden: int, dropout: float, attention_options: dict | None) -> nn.ModuleList:
-    opts = dict(attention_options or {})
-    mixers = []
-    for _ in range(depth):
-        if attention in ("flt", "flt_exact"):
-            cls = FLTAttention if attention == "flt" else ExactRPEAttention
-            mixers.append(cls(dim, heads=heads, **{**flt_options, **opts}))
-        else:
-            mixers.append(build_attention(attention, dim=dim, heads=heads, **opts))
-    if share_rpe and attention in ("flt", "flt_exact"):
-        first = mixers[0]
+    name, opts = _mechanism(attention, attention_options, flt_options)
+    mixers = [build_attention(name, dim=dim, heads=heads, **opts) for _ in range(depth)]
+    if share_rpe:  # one RPE for all layers, where the mixer has one to share
         for m in mixers[1:]:
-            for name in _RPE_NAMES:
-                if getattr(first, name, None) is not None:
-                    setattr(m, name, getattr(first, name))
+            share = getattr(m, "share_rpe_with", None)
+            if share is not None:
+                share(mixers[0])
     return nn.ModuleList(TransformerBlock(dim, m, norm_position="pre", activation="gelu", ffn_hidden=ffn_hidden,
                                           dropout=dropout, ffn_dropout=0.0) for m in mixers)
 
@@ -88,11 +85,14 @@ class FLTSequenceClassifier(nn.Module):
         dim, depth, heads, ffn_mult, dropout: the transformer (paper LM: :data:`PAPER_LM`).
         nb_features: FAVOR+ features m; num_rpe_features: RPE frequencies r.
         rpe_type: ``"gaussian_mixture"`` (default) or ``"local"``; num_components: T (default 25/16).
-        share_rpe: one RPE per head shared by all layers (the paper's LM).
+        share_rpe: one RPE per head shared by all layers (the paper's LM); mixers without an RPE
+            (no ``share_rpe_with``) ignore it.
         causal: causal attention (the LM); classification is non-causal.
         positional: ``"none"`` (FLT: relative positions only) or ``"learned"`` absolute embedding
-            (default for mechanisms without RPE). max_len: longest sequence for ``"learned"``.
-        attention: ``"flt"``, ``"flt_exact"`` or another registry key; attention_options: extra options.
+            (default for mixers that do not encode positions, ``encodes_positions``). max_len:
+            longest sequence for ``"learned"``.
+        attention: ``"flt"``, ``"flt_exact"`` (FLT's exact reference path) or another registry key;
+            attention_options: extra options (module docstring: which model options a mechanism gets).
     Positions are the token indices (r_j = j); padded tokens (any id) are ignored.
     """
 
@@ -104,7 +104,9 @@ class FLTSequenceClassifier(nn.Module):
         super().__init__()
         if rpe_type not in ("gaussian_mixture", "local"):
             raise ValueError(f"rpe_type for sequences must be 'gaussian_mixture' or 'local', got {rpe_type!r}")
-        positional = positional or ("none" if attention in ("flt", "flt_exact") else "learned")
+        if positional is None:  # relative positions only where the mixer encodes them (FLT's RPE)
+            mixer = attention_entry(_mechanism(attention, None, {})[0]).factory
+            positional = "none" if getattr(mixer, "encodes_positions", False) else "learned"
         if positional not in ("none", "learned"):
             raise ValueError(f"positional must be 'none' or 'learned', got {positional!r}")
         self.vocab_size, self.max_len = vocab_size, max_len
@@ -143,9 +145,10 @@ class FLT3DRegressor(nn.Module):
         nb_features, num_rpe_features, num_components: m, r, T of the 3-D Gaussian-basis RPE.
         learn_proposal: learnable proposal stds σ_i (paper: yes).
         share_rpe: one RPE shared by all layers (the paper states sharing only for LM; where it is silent
-            we read its < 0.03M RPE-parameter budget as sharing).
+            we read its < 0.03M RPE-parameter budget as sharing); mixers without an RPE ignore it.
         dropout: residual dropout.
-        attention: ``"flt"``, ``"flt_exact"`` or another registry key; attention_options: extra options.
+        attention: ``"flt"``, ``"flt_exact"`` (FLT's exact reference path) or another registry key;
+            attention_options: extra options (module docstring: which model options a mechanism gets).
     Shapes: forward(x (B, N, F) | None, pos (B, N, 3), mask (B, N)) -> energy (B,).
     """
 

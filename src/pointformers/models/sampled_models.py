@@ -24,18 +24,24 @@ every batch, as the paper does). In ``eval()`` the default here (``eval_cycle="c
 each cloud's real points by a seeded pseudo-random hash of their coordinates: the cycle is a fixed,
 uniform-looking function of the *set* of points, so the classifier is exactly invariant to the
 order in which the points are stored (and to padding) while keeping the attention pattern random
-with respect to geometry. ``eval_cycle="attention"`` keeps the mechanism's own seeded eval cycle,
-which depends on the point ranks (equivariant only in distribution).
+with respect to geometry. That is the mechanism's own option
+(:class:`~pointformers.attention.sampled.SampledAttention`'s ``eval_cycle="coordinates"``,
+:func:`~pointformers.attention.sampled.coordinate_cycle`), which the model sets for every mechanism
+that takes an ``eval_cycle``; ``eval_cycle="attention"`` keeps the mechanism's own (sampled: its
+seeded eval cycle, which depends on the point ranks: equivariant only in distribution).
+
+The layout asks the mechanism, never its name: ``k`` (kNN's neighbours; for SAMSA and SFT their
+sampled tokens) is the layout's neighbour count (16 in the basic classifier, the stage's
+``neighbours`` in the hierarchical one) for every mechanism whose constructor takes it, unless
+``attention_options`` sets it.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
 
-from ..attention import ForwardContext, build as build_attention
-from ..attention.sampled import SampledAttention
+from ..attention import ForwardContext, build as build_attention, entry as attention_entry
+from ..attention.sampled import coordinate_cycle  # noqa: F401  (its home before it moved to the mechanism)
 from ..nn import TransformerBlock
 from ..nn.model_inputs import check_point_inputs
 from ..nn.pooling import masked_max
@@ -52,23 +58,6 @@ _EVAL_CYCLES = ("coordinates", "attention")
 # ------------------------------------------------------------------------------------------------
 # cycles, farthest point sampling, kNN grouping
 # ------------------------------------------------------------------------------------------------
-def coordinate_cycle(pos: torch.Tensor, mask: torch.Tensor, seed: int) -> torch.Tensor:
-    """A cycle through each cloud's real points, ordered by a seeded hash of the coordinates.
-
-    pos (B, N, P), mask (B, N) -> order (B, N) int64: row b lists cloud b's real points in cycle order,
-    then its padded points (the format of :class:`SampledAttention`'s ``order``). The hash
-    ``frac(sin(pos·w + c)·43758.5453)`` (w, c drawn from ``seed``) depends on a point's coordinates
-    only, so permuting the points permutes the order consistently; distinct points get distinct keys
-    almost surely (ties, e.g. duplicated points, fall back to index order).
-    """
-    g = torch.Generator().manual_seed(int(seed) % (1 << 63))
-    w = (torch.rand(pos.shape[-1], generator=g, dtype=torch.float64) * 2 - 1) * 97.0
-    c = float(torch.rand((), generator=g, dtype=torch.float64)) * 2 * math.pi
-    key = torch.frac(torch.sin(pos.double() @ w.to(pos.device) + c).abs() * 43758.5453)
-    key = key.masked_fill(~mask, 2.0)                                 # padding after all real points
-    return torch.argsort(key, dim=1, stable=True)
-
-
 def farthest_point_sample(pos: torch.Tensor, mask: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Farthest point sampling of ``counts[b]`` real points per cloud.
 
@@ -117,18 +106,6 @@ def _gather_points(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return out.view(*idx.shape, t.shape[-1])
 
 
-def _forward_context(blocks, pos: torch.Tensor, mask: torch.Tensor, eval_cycle: str) -> ForwardContext:
-    """The forward context of ``blocks`` on these points: in eval with ``eval_cycle="coordinates"``
-    it holds every sampled mixer's coordinate cycle (nothing for other mechanisms or in training)."""
-    context = ForwardContext(pos, mask)
-    if eval_cycle == "coordinates":
-        for blk in blocks:
-            m = blk.mixer
-            if isinstance(m, SampledAttention) and m.mode == "sampled" and not m.training:
-                m.use_order(context, coordinate_cycle(pos, mask, int(m.seed)), mask)
-    return context
-
-
 # ------------------------------------------------------------------------------------------------
 # blocks
 # ------------------------------------------------------------------------------------------------
@@ -146,11 +123,18 @@ def sampled_block(dim: int, mixer: nn.Module, ffn_hidden: int, layout: str = "pa
                             activation="relu", ffn_hidden=ffn_hidden)
 
 
-def _build_mixer(attention: str, dim: int, heads: int, head_dim: int, options: dict | None, knn_k: int | None = None):
+def _build_mixer(attention: str, dim: int, heads: int, head_dim: int, options: dict | None, eval_cycle: str,
+                 knn_k: int | None = None):
+    """The mixer ``attention`` with ``options``, completed by what the layout supplies to a mechanism
+    that takes it: ``head_dim``, ``k`` = ``knn_k`` and, with ``eval_cycle="coordinates"``, its
+    ``eval_cycle`` (which replaces one in ``options``: the model's option decides the eval cycle)."""
+    entry = attention_entry(attention)
     opts = dict(options or {})
     opts.setdefault("head_dim", head_dim)
-    if attention == "knn" and knn_k is not None:
+    if knn_k is not None and entry.accepts("k"):
         opts.setdefault("k", knn_k)
+    if eval_cycle == "coordinates" and entry.accepts("eval_cycle"):
+        opts["eval_cycle"] = "coordinates"
     return build_attention(attention, dim=dim, heads=heads, **opts)
 
 
@@ -166,7 +150,8 @@ class SampledBasicClassifier(nn.Module):
         heads, head_dim: h, d (paper 8, 32); ffn_hidden: r (paper 256).
         layout: ``"paper"`` (Eq. 5, no norm) or ``"pre_ln"`` (:func:`sampled_block`).
         attention: ``"sampled"`` (paper), or ``"full"``/``"knn"``/... for the same-layout variants;
-            attention_options: extra mechanism options (e.g. ``{"mode": "sparse"}``, ``{"k": 16}``).
+            attention_options: extra mechanism options (e.g. ``{"mode": "sparse"}``, ``{"k": 8}``;
+            a mechanism taking ``k`` gets 16 by default).
         eval_cycle: ``"coordinates"`` or ``"attention"`` (module docstring).
     Shapes: forward(x (B, N, F) | None, pos (B, N, 3), mask (B, N)) -> logits (B, C).
     """
@@ -181,8 +166,8 @@ class SampledBasicClassifier(nn.Module):
         self.pos_mlp = nn.Sequential(nn.Linear(3, mlp_hidden), nn.ReLU(), nn.Linear(mlp_hidden, dim))
         self.feat_mlp = nn.Sequential(nn.Linear(in_dim, mlp_hidden), nn.ReLU(), nn.Linear(mlp_hidden, dim)) \
             if in_dim else None
-        self.block = sampled_block(dim, _build_mixer(attention, dim, heads, head_dim, attention_options, 16),
-                                   ffn_hidden, layout)
+        self.block = sampled_block(dim, _build_mixer(attention, dim, heads, head_dim, attention_options, eval_cycle,
+                                                     16), ffn_hidden, layout)
         self.fc = nn.Linear(dim, num_classes)
 
     def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -192,7 +177,7 @@ class SampledBasicClassifier(nn.Module):
         h = self.pos_mlp(pos)                              # E = W_P·P, "added" to the features (X := X + E)
         if self.feat_mlp is not None:
             h = h + self.feat_mlp(x.masked_fill(~keep, 0.0))
-        h = self.block(h, pos, mask, context=_forward_context([self.block], pos, mask, self.eval_cycle))
+        h = self.block(h, pos, mask, context=ForwardContext(pos, mask))
         return self.fc(masked_max(h, mask))
 
 
@@ -258,7 +243,7 @@ class SampledHierarchicalClassifier(nn.Module):
         self.pos_embeds = nn.ModuleList(nn.Linear(3, c) for c in dims)
         self.stages = nn.ModuleList(
             nn.ModuleList(sampled_block(c, _build_mixer(attention, c, max(1, c // head_dim), head_dim,
-                                                        attention_options, neighbours[i]),
+                                                        attention_options, eval_cycle, neighbours[i]),
                                         ffn_mult * c, layout) for _ in range(blocks[i]))
             for i, c in enumerate(dims))
         self.head = nn.Sequential(nn.Linear(dims[-1], dims[-1]), nn.ReLU(), nn.Linear(dims[-1], num_classes))
@@ -274,7 +259,7 @@ class SampledHierarchicalClassifier(nn.Module):
                 h, pos, mask = self.downs[i - 1](h, pos, mask)
                 pos = pos.to(h.dtype)
             pe = self.pos_embeds[i](pos)
-            context = _forward_context(blocks, pos, mask, self.eval_cycle)
+            context = ForwardContext(pos, mask)
             for blk in blocks:
                 h = blk(h + pe, pos, mask, context=context)
         return self.head(masked_max(h, mask))

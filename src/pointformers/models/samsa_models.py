@@ -18,15 +18,17 @@ or soft sampling (:data:`PAPER_BACKBONE`). Constructor defaults are small so tes
 
 ``attention="full"`` (or another registry key) gives the full-attention twin: the very same blocks
 (RMSNorm, ReZero, FFN) with SAMSA's sampled attention replaced by that mechanism ("Full Attention"
-column of SAMSA Table 1). Randomness: Gumbel noise in training only; ``eval()`` is deterministic.
+column of SAMSA Table 1; :class:`SAMSAEncoder`); it gets the model's ``k`` if its constructor
+takes one (``mode`` is SAMSA's sampling mode and stays SAMSA's), ``attention_options`` win.
+Randomness: Gumbel noise in training only; ``eval()`` is deterministic.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..attention import build as build_attention
-from ..attention.samsa import SAMSABlock
+from ..attention import build as build_attention, entry as attention_entry
+from ..attention.samsa import SAMSAAttention, SAMSABlock
 from ..nn import RMSNorm
 from ..nn.model_inputs import check_point_inputs, check_token_inputs
 from ..nn.pooling import masked_max, masked_mean
@@ -41,16 +43,33 @@ class SAMSAEncoder(nn.Module):
     """A stack of SAMSA layers (:func:`~pointformers.attention.samsa.SAMSABlock`) sharing one ReZero
     scalar α (init 0) across all layers (``alpha``, registered here once).
 
-    Args: dim, depth, heads, k, and ``**block_options`` for every block (parallel, ffn_mult,
-    dropout and the :class:`~pointformers.attention.samsa.SAMSAAttention` options, e.g. score_input).
+    Args:
+        dim, depth, heads, k: width, layers, heads and SAMSA's sampled tokens per head.
+        attention: the layers' token mixer, a registry key (default ``"samsa"``). Another mechanism
+            replaces SAMSA's in every layer (the twin): the layers are built with a k = 1 SAMSA
+            mixer first, which the replacement discards, so that every other module keeps the
+            initialisation it has always had (seeded twins unchanged); it gets ``k`` if its
+            constructor takes one.
+        mixer_options: options of the mixer (win over ``k``).
+        **block_options: for every :func:`~pointformers.attention.samsa.SAMSABlock` (parallel,
+            ffn_mult, dropout and the :class:`~pointformers.attention.samsa.SAMSAAttention` options,
+            e.g. mode, score_input; a twin's discarded SAMSA mixers get them too).
     Shapes: x (B, N, D), mask (B, N) -> (B, N, D).
     """
 
-    def __init__(self, dim: int, depth: int, heads: int = 4, k: int = 256, **block_options):
+    def __init__(self, dim: int, depth: int, heads: int = 4, k: int = 256, attention: str = "samsa",
+                 mixer_options: dict | None = None, **block_options):
         super().__init__()
+        mechanism = attention_entry(attention)
+        opts = {"k": k} if mechanism.accepts("k") else {}
+        opts.update(mixer_options or {})
+        own = mechanism.factory is SAMSAAttention   # the layer's own mixer: built in place
         self.alpha = nn.Parameter(torch.zeros(()))
-        self.blocks = nn.ModuleList(SAMSABlock(dim, heads=heads, k=k, rezero=self.alpha, **block_options)
-                                    for _ in range(depth))
+        self.blocks = nn.ModuleList(SAMSABlock(dim, heads=heads, rezero=self.alpha, **block_options,
+                                               **(opts if own else {"k": 1})) for _ in range(depth))
+        if not own:
+            for blk in self.blocks:
+                blk.mixer = build_attention(attention, dim=dim, heads=heads, **opts)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 context=None) -> torch.Tensor:
@@ -64,7 +83,8 @@ class SAMSABackbone(nn.Module):
 
     Args:
         dim, depth, heads: width D, layers L, heads H.
-        k: sampled tokens per head; mode: ``"hard"`` (τ = 1, straight-through) or ``"soft"`` (τ = 0.1).
+        k: sampled tokens per head (a twin's mechanism gets it if it takes a ``k``); mode: ``"hard"``
+            (τ = 1, straight-through) or ``"soft"`` (τ = 0.1).
         parallel: Algorithm 1's parallel FFN (True) or the sequential pre-norm variant.
         attention: ``"samsa"`` or another registry key for the twin; attention_options: extra options.
     Shapes: h (B, N, D), mask (B, N) -> (B, N, D), padded rows zero.
@@ -73,15 +93,9 @@ class SAMSABackbone(nn.Module):
     def __init__(self, dim: int = 32, depth: int = 2, heads: int = 4, k: int = 8, mode: str = "hard",
                  parallel: bool = True, attention: str = "samsa", attention_options: dict | None = None):
         super().__init__()
-        opts = dict(attention_options or {})
-        if attention == "samsa":
-            self.encoder = SAMSAEncoder(dim, depth, heads=heads, k=k, parallel=parallel, mode=mode, **opts)
-        else:
-            # same block, another token mixer; the SAMSA mixers built first and replaced keep the
-            # random initialisation of the rest what it has always been (seeded models unchanged)
-            self.encoder = SAMSAEncoder(dim, depth, heads=heads, k=1, parallel=parallel)
-            for blk in self.encoder.blocks:
-                blk.mixer = build_attention(attention, dim=dim, heads=heads, **opts)
+        # SAMSA's layers around the mechanism (``mode`` reaches SAMSA's own mixer only)
+        self.encoder = SAMSAEncoder(dim, depth, heads=heads, k=k, attention=attention,
+                                    mixer_options=attention_options, parallel=parallel, mode=mode)
         self.attention = attention
         self.final_norm = RMSNorm(dim)
 

@@ -5,7 +5,8 @@
   (π_j, μ_j, σ_j) of a k-component diagonal Gaussian mixture (the official Set Transformer model as
   the Sampled Transformer paper uses it: 2 ISABs with 16 inducing points, k = 4 in 2-D).
 * ``set-isab-pma-sampled`` — the same with the Sampled Transformer's "loose" sampled attention in
-  both MABs of every ISAB (two random keys per query row).
+  both MABs of every ISAB (two random keys per query row; ``mode="sampled"``, the MABs' own mode —
+  :mod:`pointformers.nn.set_attention` — not a registry mechanism).
 * ``set-sab-pma`` — the full-self-attention twin: 2 × SAB instead of the ISABs (O(n²)).
 
 Output: :class:`~pointformers.tasks.metrics.MixtureParams`-compatible ``(log_pi (B, k),
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import check_attention_inputs
-from ..nn.set_attention import ISAB, PMA, SAB
+from ..nn.set_attention import ISAB, PMA, SAB, resolve_mode
 from .registry import register_model
 
 #: Official Set Transformer amortised-clustering settings as used by the Sampled Transformer paper.
@@ -81,22 +82,25 @@ class SetTransformerClusterer(nn.Module):
         dim, heads: width and heads (official 128, 4). num_inducing: m of ISAB(m) (16). ln: LayerNorms.
         encoder: ``"isab"`` (2 × ISAB) or ``"sab"`` (2 × SAB, full self-attention twin).
         num_encoder_blocks, num_decoder_sabs: 2 and 2.
-        attention: ``"full"`` (dense ISAB) or ``"sampled"`` (loose sampled ISAB, Sampled Transformer).
+        mode: the ISABs' MAB mode, ``"dense"`` (default) or ``"sampled"`` (loose sampled ISAB, Sampled
+            Transformer; :mod:`pointformers.nn.set_attention`).
+        attention: the former name of ``mode``, still accepted: ``"full"`` (= ``"dense"``) or ``"sampled"``.
     Shapes: forward(x (B, N, d), mask (B, N)) -> :class:`Mixture`.
     """
 
     def __init__(self, in_dim: int = 2, num_components: int = 4, dim: int = 32, heads: int = 4,
                  num_inducing: int = 16, ln: bool = False, encoder: str = "isab", num_encoder_blocks: int = 2,
-                 num_decoder_sabs: int = 2, attention: str = "full"):
+                 num_decoder_sabs: int = 2, mode: str | None = None, attention: str | None = None):
         super().__init__()
         if encoder not in ("isab", "sab"):
             raise ValueError(f"encoder must be 'isab' or 'sab', got {encoder!r}")
-        if encoder == "sab" and attention != "full":
+        mode = resolve_mode(mode, attention)
+        if encoder == "sab" and mode != "dense":
             raise ValueError("encoder='sab' is full self-attention; the sampled variant applies to ISAB")
-        self.in_dim = in_dim
+        self.in_dim, self.mode = in_dim, mode
         widths = [in_dim] + [dim] * num_encoder_blocks
         self.encoder = nn.ModuleList(
-            ISAB(a, dim, heads, num_inducing, ln, attention) if encoder == "isab" else SAB(a, dim, heads, ln)
+            ISAB(a, dim, heads, num_inducing, ln, mode) if encoder == "isab" else SAB(a, dim, heads, ln)
             for a in widths[:-1])
         self.pma = PMA(dim, heads, num_components, ln)
         self.decoder = nn.ModuleList(SAB(dim, dim, heads, ln) for _ in range(num_decoder_sabs))
@@ -122,7 +126,9 @@ def set_isab_pma(**options) -> SetTransformerClusterer:
 @register_model("set-isab-pma-sampled")
 def set_isab_pma_sampled(**options) -> SetTransformerClusterer:
     """ISAB(16) + PMA with the Sampled Transformer's loose sampled attention inside the ISABs."""
-    return SetTransformerClusterer(**{"attention": "sampled", **options})
+    if "attention" not in options:   # the former option, if given, decides alone
+        options = {"mode": "sampled", **options}
+    return SetTransformerClusterer(**options)
 
 
 @register_model("set-sab-pma")

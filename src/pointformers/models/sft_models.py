@@ -23,6 +23,12 @@ the rotation-invariant variant, whose all-ones input needs the post-LN of the ra
 ``attention="full"`` (or any other registry key) gives the **full-attention twin**: the same
 embedding, depth, width, heads, norm position, FFN, dropouts and head, with the token mixer
 replaced by that mechanism inside :class:`~pointformers.nn.transformer_block.TransformerBlock`.
+The layout asks the mechanism, never its name: SFT's options (``k``, ``drop_token``,
+``qk_dropout``) go to a mechanism whose constructor takes them (``attention_options`` win), and
+a mechanism that takes relative features (an ``rpe`` option, as SFT) runs in :class:`SFTEncoder`,
+which feeds it the relative-feature payload ``[xyz, normals]`` (``relative=True``: ``rpe="points"``)
+and makes the rotation-invariant variant possible; any other runs in plain blocks on ``xyz``
+(state keys ``encoder.blocks.*`` instead of ``encoder.encoder.blocks.*``).
 
 Inputs: ``x`` (B, N, F) per-point features (F = ``in_dim``; with ``normals=True`` these are the unit
 surface normals, which also feed the n_i·n_j relative feature), ``pos`` (B, N, 3) coordinates,
@@ -39,9 +45,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import ForwardContext, build as build_attention
+from ..attention import ForwardContext, build as build_attention, entry as attention_entry
 from ..attention.sampling import gather_rows
-from ..attention.sft import SFTBlock, SFTSampler
+from ..attention.sft import SFTSampler
 from ..nn.model_inputs import check_point_inputs
 from ..nn.pooling import masked_max
 from ..nn.transformer_block import TransformerBlock
@@ -55,8 +61,22 @@ PAPER_PARTSEG = dict(num_parts=50, in_dim=3, dim=256, depth=8, heads=16, k=256, 
                      qk_dropout=0.1, dropout=0.1, ffn_dropout=0.2)
 
 
+def sft_layer(dim: int, attention: str = "sft", heads: int = 8, norm_position: str = "pre", ffn_mult: int = 4,
+              dropout: float = 0.0, ffn_dropout: float = 0.0, **mixer_options) -> TransformerBlock:
+    """SFT's layer around mechanism ``attention``: a LayerNorm
+    :class:`~pointformers.nn.transformer_block.TransformerBlock` (pre or post, GeLU FFN ×``ffn_mult``,
+    ``dropout`` after both branches, ``ffn_dropout`` inside the FFN) whose mixer is
+    ``build(attention, dim=dim, heads=heads, **mixer_options)``. With ``"sft"`` this is
+    :func:`~pointformers.attention.sft.SFTBlock` (same modules, same initialisation order)."""
+    if norm_position not in ("pre", "post"):
+        raise ValueError(f"norm_position must be 'pre' or 'post', got {norm_position!r}")
+    return TransformerBlock(dim, build_attention(attention, dim=dim, heads=heads, **mixer_options), norm="layer",
+                            norm_position=norm_position, activation="gelu", ffn_mult=ffn_mult, dropout=dropout,
+                            ffn_dropout=ffn_dropout)
+
+
 class SFTEncoder(nn.Module):
-    """A stack of SFT layers (:func:`~pointformers.attention.sft.SFTBlock`), with the rotation-invariant
+    """A stack of SFT layers (:func:`sft_layer`, default mixer SFT's), with the rotation-invariant
     point variant (SFT §5.1, Table 1).
 
     With ``rotation_invariant=True`` the tokens are replaced by all-ones vectors (B, N, D) and the
@@ -66,27 +86,36 @@ class SFTEncoder(nn.Module):
     tokens become distinct. ``x`` is then ignored and may be None.
 
     Args:
-        dim: width D; depth: number of blocks; heads, k: as :class:`~pointformers.attention.sft.SFTAttention`.
-        rotation_invariant: the variant above.
+        dim: width D; depth: number of blocks; heads, k: as :class:`~pointformers.attention.sft.SFTAttention`
+            (``k`` reaches a mechanism whose constructor takes it).
+        rotation_invariant: the variant above (needs a mechanism that takes relative features, ``rpe``).
         norm_position: ``"pre"``/``"post"``; default post for the rotation-invariant variant (Table 9,
             exp. 1.3) and pre otherwise.
-        **block_options: passed to every :func:`~pointformers.attention.sft.SFTBlock` (and on to the attention).
+        attention: the registry key of the layers' mixer (default ``"sft"``).
+        **block_options: passed to every :func:`sft_layer` (``ffn_mult``, ``dropout``, ``ffn_dropout``;
+            the rest to the mixer: ``rpe``, ``normal_dims``, ``drop_token``, ...).
     Shapes: x (B, N, D) or None, pos (B, N, P), mask (B, N) -> (B, N, D). ``edge_attr`` (B, N, N, r),
     for ``rpe="graph"``, reaches every layer through the forward pass's
     :class:`~pointformers.attention.ForwardContext`.
     """
 
     def __init__(self, dim: int, depth: int, heads: int = 8, k: int = 256, rotation_invariant: bool = False,
-                 norm_position: str | None = None, **block_options):
+                 norm_position: str | None = None, attention: str = "sft", **block_options):
         super().__init__()
+        mechanism = attention_entry(attention)
         if rotation_invariant:
+            if not mechanism.accepts("rpe"):
+                raise ValueError(f"rotation_invariant=True needs a mechanism that takes relative features (rpe=, "
+                                 f"as 'sft'); {attention!r} does not")
             if block_options.setdefault("rpe", "points") != "points":
                 raise ValueError("rotation_invariant=True needs rpe='points' (relative features only)")
             block_options.setdefault("normal_dims", 3)
+        if mechanism.accepts("k"):
+            block_options.setdefault("k", k)
         norm_position = norm_position or ("post" if rotation_invariant else "pre")
         self.dim, self.rotation_invariant = dim, rotation_invariant
-        self.blocks = nn.ModuleList(SFTBlock(dim, heads=heads, k=k, norm_position=norm_position, **block_options)
-                                    for _ in range(depth))
+        self.blocks = nn.ModuleList(sft_layer(dim, attention, heads=heads, norm_position=norm_position,
+                                              **block_options) for _ in range(depth))
 
     def forward(self, x: torch.Tensor | None = None, pos: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, *, edge_attr: torch.Tensor | None = None) -> torch.Tensor:
@@ -110,12 +139,16 @@ class SFTPointEncoder(nn.Module):
         normals: ``x`` holds unit normals (needs in_dim = 3), used in the n_i·n_j relative feature.
         dim, depth, heads: width D, layers, heads.
         k: sampled tokens per layer (paper 256).
-        rotation_invariant: all-ones tokens, relative features only (needs ``attention="sft"``).
-        relative: feed the point relative features to SFT's attention (``rpe="points"``; paper: yes).
+        rotation_invariant: all-ones tokens, relative features only (needs a mechanism that takes
+            relative features, an ``rpe`` option: ``attention="sft"``).
+        relative: feed the point relative features to a mechanism that takes them (``rpe="points"``;
+            paper: yes).
         norm_position: ``"pre"``/``"post"`` (default: post when rotation-invariant, else pre).
         drop_token, qk_dropout: SFT's Drop Token Probability and attention-score (Q/K) dropout.
         dropout, ffn_dropout: token-embedding dropout and feed-forward dropout.
         attention: ``"sft"`` or any registry key for the twin; attention_options: its extra options.
+    ``k``, ``drop_token`` and ``qk_dropout`` reach a mechanism whose constructor takes them (module
+    docstring); ``attention_options`` win over them.
     Shapes: x (B, N, F) | None, pos (B, N, 3), mask (B, N) | None -> tokens (B, N, D), mask (B, N).
     """
 
@@ -129,29 +162,31 @@ class SFTPointEncoder(nn.Module):
             raise ValueError(f"in_dim must be an int >= 0, got {in_dim!r}")
         if normals and in_dim != 3:
             raise ValueError(f"normals=True needs in_dim=3 (x = unit normals), got in_dim={in_dim}")
-        if rotation_invariant and attention != "sft":
-            raise ValueError("rotation_invariant=True needs attention='sft' (all-ones tokens carry no "
-                             "information without SFT's relative features)")
+        mechanism = attention_entry(attention)
+        takes_relative = mechanism.accepts("rpe")   # SFT's relative features of the points
+        if rotation_invariant and not takes_relative:
+            raise ValueError(f"rotation_invariant=True needs a mechanism that takes relative features (rpe=, as "
+                             f"'sft'); {attention!r} does not, and all-ones tokens carry no information without them")
         if rotation_invariant and not relative:
             raise ValueError("rotation_invariant=True needs relative=True (relative features are its only input)")
         self.in_dim, self.normals, self.dim = in_dim, normals, dim
         self.rotation_invariant, self.attention = rotation_invariant, attention
         self.norm_position = norm_position or ("post" if rotation_invariant else "pre")
-        opts = dict(attention_options or {})
-        if attention == "sft":
+        opts = {name: value for name, value in (("k", k), ("drop_token", drop_token), ("qk_dropout", qk_dropout))
+                if mechanism.accepts(name)}
+        opts.update(attention_options or {})
+        if takes_relative:
             if relative:
                 opts.update(rpe="points", normal_dims=3 if normals else 0)
-            self.encoder = SFTEncoder(dim, depth, heads=heads, k=k, rotation_invariant=rotation_invariant,
-                                      norm_position=self.norm_position, dropout=dropout, ffn_dropout=ffn_dropout,
-                                      drop_token=drop_token, qk_dropout=qk_dropout, **opts)
+            self.encoder = SFTEncoder(dim, depth, heads=heads, rotation_invariant=rotation_invariant,
+                                      norm_position=self.norm_position, attention=attention, dropout=dropout,
+                                      ffn_dropout=ffn_dropout, **opts)
             self.blocks = None
-        else:
+        else:   # SFT's layer with a mixer that reads no relative features, on the coordinates
             self.encoder = None
-            self.blocks = nn.ModuleList(   # SFT's layer with another mixer (as SFTBlock)
-                TransformerBlock(dim, build_attention(attention, dim=dim, heads=heads, **opts), norm="layer",
-                                 norm_position=self.norm_position, activation="gelu", dropout=dropout,
-                                 ffn_dropout=ffn_dropout)
-                for _ in range(depth))
+            self.blocks = nn.ModuleList(sft_layer(dim, attention, heads=heads, norm_position=self.norm_position,
+                                                  dropout=dropout, ffn_dropout=ffn_dropout, **opts)
+                                        for _ in range(depth))
         self.embed = None if rotation_invariant else nn.Linear(3 + in_dim, dim)
         # a pre-LN stack ends un-normalised: normalise once before the head (post-LN already is)
         self.final_norm = nn.LayerNorm(dim) if self.norm_position == "pre" else nn.Identity()

@@ -4,12 +4,18 @@ MAB(X, Y) = LN(H + rFF(H)),  H = LN(X + Multihead(X, Y, Y))   (LayerNorms option
 amortised-clustering model runs without them). SAB(X) = MAB(X, X); ISAB_m(X) = MAB(X, MAB(I, X))
 with m learned inducing points I; PMA_k(Z) = MAB(S, rFF(Z)) with k learned seeds S.
 
-``attention="sampled"`` is the Sampled Transformer's "loose" sampled cross-attention (App. B.2/C:
-"randomly sampling two elements per row"): every query row attends to **two** uniformly random real
-keys instead of all of them (re-sampled every training forward). In ``eval()`` the draw is seeded
-by (``seed``, number of real keys of the set, query rank), so a set's output does not depend on the
-other sets of its batch or on padding. Scores are scaled by 1/√D of the full width D, as in Set
-Transformer's code.
+A MAB computes its attention in one of two modes of its own (``mode=``; these are not registry
+mechanisms of :mod:`pointformers.attention`, and no registry key selects them):
+
+* ``"dense"`` (default): softmax over all real keys, as Set Transformer.
+* ``"sampled"``: the Sampled Transformer's "loose" sampled cross-attention (App. B.2/C: "randomly
+  sampling two elements per row"): every query row attends to **two** uniformly random real keys
+  instead of all of them (re-sampled every training forward). In ``eval()`` the draw is seeded by
+  (``seed``, number of real keys of the set, query rank), so a set's output does not depend on the
+  other sets of its batch or on padding.
+
+Scores are scaled by 1/√D of the full width D, as in Set Transformer's code. The former option
+``attention="full" | "sampled"`` is still accepted (:data:`ATTENTION_MODES` maps it to ``mode``).
 """
 from __future__ import annotations
 
@@ -18,7 +24,24 @@ import math
 import torch
 from torch import nn
 
-_ATTENTIONS = ("full", "sampled")
+MODES = ("dense", "sampled")
+#: The former ``attention=`` values of MAB, ISAB and the set models, and the ``mode`` each means.
+ATTENTION_MODES = {"full": "dense", "sampled": "sampled"}
+
+
+def resolve_mode(mode: str | None, attention: str | None = None) -> str:
+    """The MAB mode from ``mode`` or the former ``attention`` option (:data:`ATTENTION_MODES`);
+    default ``"dense"``. ValueError on an unknown value or when the two disagree."""
+    if attention is not None:
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {tuple(ATTENTION_MODES)}, got {attention!r}")
+        if mode is not None and mode != ATTENTION_MODES[attention]:
+            raise ValueError(f"mode={mode!r} and attention={attention!r} disagree; give one of them")
+        mode = ATTENTION_MODES[attention]
+    mode = "dense" if mode is None else mode
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return mode
 
 
 def _real_first(mask: torch.Tensor) -> torch.Tensor:
@@ -58,19 +81,20 @@ class MAB(nn.Module):
 
     Args:
         dim_q, dim_kv: input widths of X and Y; dim: output width D; heads: h (D divisible by h).
-        ln: LayerNorms after both residuals. attention: ``"full"`` or ``"sampled"`` (loose, 2 keys per query).
+        ln: LayerNorms after both residuals. mode: ``"dense"`` (default) or ``"sampled"`` (loose, 2 keys
+            per query; module docstring).
         seed: eval seed of the loose draws (default: drawn from the global RNG, saved in the state_dict).
+        attention: the former name of ``mode`` (``"full"`` = ``"dense"``, ``"sampled"``).
     Shapes: X (B, Q, dim_q), Y (B, K, dim_kv), q_mask (B, Q) | None, k_mask (B, K) | None -> (B, Q, D).
     """
 
     def __init__(self, dim_q: int, dim_kv: int, dim: int, heads: int = 4, ln: bool = False,
-                 attention: str = "full", seed: int | None = None):
+                 mode: str | None = None, seed: int | None = None, attention: str | None = None):
         super().__init__()
-        if attention not in _ATTENTIONS:
-            raise ValueError(f"attention must be one of {_ATTENTIONS}, got {attention!r}")
+        mode = resolve_mode(mode, attention)
         if dim % heads:
             raise ValueError(f"dim={dim} must be divisible by heads={heads}")
-        self.dim, self.heads, self.attention = dim, heads, attention
+        self.dim, self.heads, self.mode = dim, heads, mode
         self.fc_q, self.fc_k, self.fc_v = nn.Linear(dim_q, dim), nn.Linear(dim_kv, dim), nn.Linear(dim_kv, dim)
         self.fc_o = nn.Linear(dim, dim)
         self.ln0 = nn.LayerNorm(dim) if ln else nn.Identity()
@@ -89,7 +113,7 @@ class MAB(nn.Module):
         v = self.fc_v(Y).view(B, K, h, dh)
         qh = q.view(B, Q, h, dh)
         scale = 1.0 / math.sqrt(self.dim)
-        if self.attention == "full":
+        if self.mode == "dense":
             s = torch.einsum("bqhd,bkhd->bhqk", qh, k) * scale
             if k_mask is not None:
                 s = s.masked_fill(~k_mask[:, None, None, :], float("-inf"))
@@ -122,15 +146,18 @@ class SAB(nn.Module):
 
 
 class ISAB(nn.Module):
-    """Induced set attention block ISAB_m(X) = MAB(X, MAB(I, X)), O(n·m). X (B, N, d), mask -> (B, N, D)."""
+    """Induced set attention block ISAB_m(X) = MAB(X, MAB(I, X)), O(n·m). X (B, N, d), mask -> (B, N, D).
+
+    ``mode``: both MABs' mode (``"dense"`` or ``"sampled"``); ``attention``: its former name (:class:`MAB`)."""
 
     def __init__(self, dim_in: int, dim: int, heads: int = 4, num_inducing: int = 16, ln: bool = False,
-                 attention: str = "full"):
+                 mode: str | None = None, attention: str | None = None):
         super().__init__()
+        mode = resolve_mode(mode, attention)
         self.inducing = nn.Parameter(torch.empty(1, num_inducing, dim))
         nn.init.xavier_uniform_(self.inducing)
-        self.mab0 = MAB(dim, dim_in, dim, heads, ln, attention)
-        self.mab1 = MAB(dim_in, dim, dim, heads, ln, attention)
+        self.mab0 = MAB(dim, dim_in, dim, heads, ln, mode)
+        self.mab1 = MAB(dim_in, dim, dim, heads, ln, mode)
 
     def forward(self, X: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         H = self.mab0(self.inducing.expand(X.shape[0], -1, -1).to(X.dtype), X, None, mask)
