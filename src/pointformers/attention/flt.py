@@ -102,7 +102,8 @@ class FLTAttention(TokenMixer):
         redraw_rpe: the same for the RPE noise ε (ξ = s·ε), default "never" (where the paper is silent on redrawing ξ, we keep it fixed:
             frequencies make the learned RPE a fixed function).
         seed: master seed of all random draws (default: from ``generator`` or the global RNG).
-        generator: optional torch.Generator, used for ``seed`` and the parameter inits.
+        generator: optional torch.Generator, used for ``seed`` and the parameter inits (not kept:
+            :meth:`reset_parameters` draws from the global RNG).
         bias: whether q/k/v projections carry a bias.
         exact: compute the forward pass by the reference path, :meth:`exact_attention`: exact
             softmax(f(r_i − r_j) + q·k/√d) with the closed-form f, O(N²) memory — what FAVOR+
@@ -152,26 +153,18 @@ class FLTAttention(TokenMixer):
 
         self._init_projections(H * d, bias)
 
-        # --- learned spectrum g: weights (linear in g), and the shape parameters of each family.
-        # The paper gives no inits; where it is silent, we use these.
-        gen = generator
-        self.rpe_w = nn.Parameter(0.1 * torch.randn(H, T, generator=gen, dtype=torch.float64).float())
-        self.rpe_w_imag = (nn.Parameter(0.1 * torch.randn(H, T, generator=gen, dtype=torch.float64).float())
-                           if complex_g else None)
+        # --- learned spectrum g: weights (linear in g), and the shape parameters of each family
+        # (drawn by _initial_spectrum, which reset_parameters reuses)
+        self._proposal_std_arg = None if proposal_std is None else float(proposal_std)
+        init, s0 = self._initial_spectrum(generator)
+        self.rpe_w = nn.Parameter(init["rpe_w"])
+        self.rpe_w_imag = nn.Parameter(init["rpe_w_imag"]) if complex_g else None
         if rpe_type == "gaussian_mixture":
-            s0 = 1.0 if proposal_std is None else float(proposal_std)
             # σ_max is part of the parameterisation of σ_t: saved with the weights
             self.register_buffer("sigma_max", torch.tensor(s0))
-            sigma = s0 * _log_uniform((H, T), 0.01, 0.5, gen)  # decay length ≈ 1/(2πσ): 0.3 … 16 positions
-            self.rpe_sigma_raw = nn.Parameter(torch.logit(sigma / s0).float())
-            self.rpe_mu = nn.Parameter((torch.rand(H, T, ell, generator=gen, dtype=torch.float64) - 0.5).float())
-        elif rpe_type == "local":
-            s0 = 1.0 if proposal_std is None else float(proposal_std)
-            self.rpe_radius_raw = nn.Parameter(_inv_softplus(_log_uniform((H, T, ell), 1.0, 64.0, gen)).float())
-        else:  # gaussian_basis
-            sigma = _log_uniform((H, T), 0.3, 5.0, gen)  # Å (our init; the paper gives none)
-            s0 = 1.0 / (2 * math.pi * float(sigma.min())) if proposal_std is None else float(proposal_std)
-            self.rpe_sigma_raw = nn.Parameter(_inv_softplus(sigma).float())
+        for name in ("rpe_sigma_raw", "rpe_mu", "rpe_radius_raw"):
+            if name in init:
+                setattr(self, name, nn.Parameter(init[name]))
         if learn_proposal is None:
             learn_proposal = rpe_type == "gaussian_basis"
         self.learn_proposal = bool(learn_proposal)
@@ -184,6 +177,45 @@ class FLTAttention(TokenMixer):
         master = resolve_seed(seed, generator)
         self.omega = OrthogonalFeatures(nb_features, d + 2 * r, redraw, master, stream=0)
         self.rpe_noise = GaussianNoise((H, r, ell), redraw_rpe, master, stream=1)
+
+    # ------------------------------------------------------------------ initialisation
+    def _initial_spectrum(self, generator: torch.Generator | None) -> tuple[dict[str, torch.Tensor], float]:
+        """Fresh initial values of the spectrum's parameters (name -> float32 CPU tensor; ``rpe_w``,
+        ``rpe_w_imag`` with ``complex_g``, then the family's shape parameters, in this draw order)
+        and the initial proposal std s0. The paper gives no inits; where it is silent, we use these."""
+        H, T, ell, gen = self.heads, self.num_components, self.coord_dim, generator
+        proposal_std = self._proposal_std_arg
+        init = {"rpe_w": 0.1 * torch.randn(H, T, generator=gen, dtype=torch.float64).float()}
+        if self.complex_g:
+            init["rpe_w_imag"] = 0.1 * torch.randn(H, T, generator=gen, dtype=torch.float64).float()
+        if self.rpe_type == "gaussian_mixture":
+            s0 = 1.0 if proposal_std is None else proposal_std
+            sigma = s0 * _log_uniform((H, T), 0.01, 0.5, gen)  # decay length ≈ 1/(2πσ): 0.3 … 16 positions
+            init["rpe_sigma_raw"] = torch.logit(sigma / s0).float()
+            init["rpe_mu"] = (torch.rand(H, T, ell, generator=gen, dtype=torch.float64) - 0.5).float()
+        elif self.rpe_type == "local":
+            s0 = 1.0 if proposal_std is None else proposal_std
+            init["rpe_radius_raw"] = _inv_softplus(_log_uniform((H, T, ell), 1.0, 64.0, gen)).float()
+        else:  # gaussian_basis
+            sigma = _log_uniform((H, T), 0.3, 5.0, gen)  # Å (our init; the paper gives none)
+            s0 = 1.0 / (2 * math.pi * float(sigma.min())) if proposal_std is None else proposal_std
+            init["rpe_sigma_raw"] = _inv_softplus(sigma).float()
+        return init, s0
+
+    def _reset_own_parameters(self) -> None:
+        """Re-draw the spectrum's parameters (:meth:`_initial_spectrum`, the constructor's formulas
+        and draw order) and, with ``learn_proposal``, set ``log_proposal_std`` back to log s0, in
+        place (a layer sharing this RPE, :meth:`share_rpe_with`, sees the new values). The draws
+        come from the **global** RNG, also where the constructor was given a ``generator`` (that
+        generator is not kept): ``torch.manual_seed(s)`` then ``reset_parameters()`` equals a
+        module built under ``torch.manual_seed(s)`` without a generator. Buffers (σ_max, a fixed
+        proposal std, Ω, ε, the seed) are kept."""
+        init, s0 = self._initial_spectrum(None)
+        with torch.no_grad():
+            for name, value in init.items():
+                getattr(self, name).copy_(value)
+            if self.learn_proposal:
+                self.log_proposal_std.fill_(math.log(s0))
 
     # ------------------------------------------------------------------ the learned spectrum
     def _sigma(self, dtype: torch.dtype) -> torch.Tensor:

@@ -103,6 +103,17 @@ class MAB(nn.Module):
             seed = int(torch.randint(0, 2**62, ()).item())
         self.register_buffer("seed", torch.tensor(int(seed), dtype=torch.int64))
 
+    def reset_parameters(self) -> None:
+        """Re-initialise fc_q, fc_k, fc_v, fc_o and the LayerNorms as the constructor does, in its
+        order (``torch.manual_seed(s)`` then a reset equals a fresh MAB built under that seed); the
+        ``seed`` buffer is kept."""
+        for layer in (self.fc_q, self.fc_k, self.fc_v, self.fc_o, self.ln0, self.ln1):
+            if isinstance(layer, (nn.Linear, nn.LayerNorm)):
+                layer.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, heads={self.heads}, mode={self.mode!r}"
+
     def forward(self, X: torch.Tensor, Y: torch.Tensor, q_mask: torch.Tensor | None = None,
                 k_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, Q, _ = X.shape
@@ -141,6 +152,9 @@ class SAB(nn.Module):
         super().__init__()
         self.mab = MAB(dim_in, dim_in, dim, heads, ln)
 
+    def reset_parameters(self) -> None:
+        self.mab.reset_parameters()
+
     def forward(self, X: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.mab(X, X, mask, mask)
 
@@ -159,6 +173,18 @@ class ISAB(nn.Module):
         self.mab0 = MAB(dim, dim_in, dim, heads, ln, mode)
         self.mab1 = MAB(dim_in, dim, dim, heads, ln, mode)
 
+    def reset_parameters(self) -> None:
+        """The inducing points (Xavier-uniform) and both MABs, in the constructor's order; mab0's
+        seed draw is repeated and discarded (the ``seed`` buffers are kept), so after
+        ``torch.manual_seed(s)`` a reset equals a fresh ISAB built under that seed."""
+        nn.init.xavier_uniform_(self.inducing)
+        self.mab0.reset_parameters()
+        torch.randint(0, 2**62, ())  # the constructor's draw of mab0's seed, keeping the RNG in step
+        self.mab1.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"num_inducing={self.inducing.shape[1]}"
+
     def forward(self, X: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         H = self.mab0(self.inducing.expand(X.shape[0], -1, -1).to(X.dtype), X, None, mask)
         return self.mab1(X, H, mask, None)
@@ -173,6 +199,16 @@ class PMA(nn.Module):
         nn.init.xavier_uniform_(self.seeds)
         self.rff = nn.Sequential(nn.Linear(dim, dim), nn.ReLU())
         self.mab = MAB(dim, dim, dim, heads, ln)
+
+    def reset_parameters(self) -> None:
+        """The seeds (Xavier-uniform), the rFF layer and the MAB, in the constructor's order (after
+        ``torch.manual_seed(s)``: a fresh PMA built under that seed)."""
+        nn.init.xavier_uniform_(self.seeds)
+        self.rff[0].reset_parameters()
+        self.mab.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"num_seeds={self.seeds.shape[1]}"
 
     def forward(self, Z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.mab(self.seeds.expand(Z.shape[0], -1, -1).to(Z.dtype), self.rff(Z), None, mask)
