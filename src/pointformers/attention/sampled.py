@@ -298,7 +298,8 @@ class SampledAttention(TokenMixer):
                 k = self.w_k(xc).view(m + 1, H, d)
                 v = self.w_v(xc).view(m + 1, H, d)
                 o = self._self_and_successor(q, k[:m], k[1:], v[:m], v[1:])           # successor = next row
-                out[b].index_copy_(0, cyc[s:e], self.out_linear(o.reshape(m, H * d)))
+                # .to: under autocast out_linear returns bf16 into the float32 output
+                out[b].index_copy_(0, cyc[s:e], self.out_linear(o.reshape(m, H * d)).to(out.dtype))
         return out
 
     def _subsets(self, x: torch.Tensor, mask: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
