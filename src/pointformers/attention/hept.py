@@ -72,7 +72,7 @@ def shared_regions(dim: int, heads: int = 8, block_size: int = 100, n_hashes: in
 
 
 @register("hept", flops=block_flops, shared=shared_regions,
-          bench={"coord_dim": 3, "block_size": 100, "n_hashes": 3, "num_regions": 150},
+          bench={"coord_dim": 3, "block_size": 100, "n_hashes": 3, "num_regions": 150, "head_dim": 64},
           model_options=("head_dim", "coord_dim", "block_size", "n_hashes", "num_regions"))
 class HEPTAttention(KernelAttention):
     """HEPT attention (OR & AND E2LSH with coordinate AND codes, block attention).
@@ -80,7 +80,7 @@ class HEPTAttention(KernelAttention):
     Args:
         dim: model width D.
         heads: H (paper: 8).
-        head_dim: per-head width d (default D; paper: 24 with D = 24).
+        head_dim: per-head width d (default D // H as every mechanism; the paper's models: 24 with D = 24).
         coord_dim: kernel coordinates c in ``pos``; columns 0, 1 must be η and φ (the region
             hash axes). Tracking uses c = 6, pile-up c = 4.
         block_size: b (paper: 100).

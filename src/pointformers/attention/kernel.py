@@ -46,14 +46,15 @@ def _kernel_flops(m, n: int, dim: int, pos_dim: int | None = None) -> FlopCount:
     return f.add("attention", m.heads * dense_core(n, m.head_dim + m.coord_dim + 2, m.head_dim))
 
 
-@register("kernel", flops=_kernel_flops, bench={"coord_dim": 3})
+@register("kernel", flops=_kernel_flops, bench={"coord_dim": 3, "head_dim": 64})
 class KernelAttention(TokenMixer):
     """Dense (quadratic) row-normalised RBF attention on coordinate-augmented queries and keys.
 
     Args:
         dim: model width D.
         heads: heads H.
-        head_dim: per-head width d (default D, as in HEPT where 8 heads × 24 act on width 24).
+        head_dim: per-head width d (default D // H, or D when H does not divide D, as every mechanism;
+            HEPT's published models set 24 with D = 24).
         coord_dim: number c of kernel coordinates in ``pos`` (B, N, c).
         tie_first_two: η and φ (columns 0, 1) share one ω, as in the authors' code
             ("they are used to calc dR").
@@ -73,7 +74,7 @@ class KernelAttention(TokenMixer):
             raise ValueError(f"coord_dim must be a positive int, got {coord_dim!r}")
         if omega_init <= 0:
             raise ValueError(f"omega_init must be > 0, got {omega_init}")
-        self.head_dim = head_dim or dim
+        self.head_dim = head_dim or (dim // heads if dim % heads == 0 else dim)
         self.coord_dim = coord_dim
         self.omega_init = float(omega_init)
         self.tie_first_two = bool(tie_first_two and coord_dim >= 2)

@@ -53,7 +53,7 @@ def _equal_count_buckets(values: torch.Tensor, valid: torch.Tensor, counts: torc
     return torch.div(ranks, size, rounding_mode="floor") + 1
 
 
-@register("lsh_or", flops=block_flops, bench={"coord_dim": 3, "block_size": 100, "n_hashes": 3})
+@register("lsh_or", flops=block_flops, bench={"coord_dim": 3, "block_size": 100, "n_hashes": 3, "head_dim": 64})
 class LSHAttention(KernelAttention):
     """OR-only (or OR & AND) E2LSH block attention on the HEPT kernel, without coordinate codes.
 
