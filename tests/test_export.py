@@ -300,3 +300,18 @@ def test_export_wrapper_keeps_the_learned_positional_encoding(attention):
     x, coords = torch.randn(50, 15, dtype=torch.float64), torch.randn(50, 6, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(ExportableModel(model)(x, coords), model(x, coords), rtol=1e-7, atol=1e-7)
+
+
+def test_models_the_cli_trains_export_or_their_registry_entry_says_why(tmp_path):
+    """Every registered model: its registry entry either says export handles it (export=None) or why not,
+    and export_model refuses it with that reason."""
+    from pointformers.models import MODELS
+
+    for name in models.available():
+        reason = MODELS.info(name).export
+        if reason is None:
+            continue
+        assert isinstance(reason, str) and len(reason) > 20, name
+    model = models.build("sft-cls", k=8, dim=16, depth=1, heads=2)
+    with pytest.raises(ValueError, match=r"'sft-cls' cannot be exported: export covers the per-point models"):
+        export_model(model, tmp_path / "m.pt2", format="torch.export")

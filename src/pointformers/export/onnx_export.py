@@ -77,6 +77,13 @@ def min_points(model: nn.Module) -> int:
 
 def check_exportable(model: nn.Module) -> None:
     """Raise :class:`UnsupportedExportError` (or ValueError) if ``model`` has no export path."""
+    name = getattr(model, "registry_name", None)
+    if name is not None:
+        from ..models import MODELS
+
+        reason = MODELS.info(name).export if name in MODELS else None
+        if reason is not None:
+            raise ValueError(f"model: {name!r} cannot be exported: {reason}")
     if not getattr(model, "export_inputs", None):
         raise ValueError(f"model: export supports the point models with the (x, coords) signature (hept-tracking, "
                          f"tracking-encoder, hept-pileup, pileup-encoder), got {type(model).__name__}")

@@ -256,13 +256,13 @@ class KNNGraphNet(nn.Module):
         return out[0] if single else out
 
 
-@register_model("tracking-edgeconv")
+@register_model("tracking-edgeconv", export="its kNN graph is rebuilt in every layer by a chunked search whose chunk count depends on the point count")
 def tracking_edgeconv(**options) -> KNNGraphNet:
     """DGCNN-style (dynamic EdgeConv) tracking baseline; options of :class:`KNNGraphNet` override."""
     return KNNGraphNet(**{**GNN_TRACKING_DEFAULTS, "conv": "edgeconv", "hidden": 64, **options})
 
 
-@register_model("tracking-gravnet")
+@register_model("tracking-gravnet", export="its kNN graph is rebuilt in every layer by a chunked search whose chunk count depends on the point count")
 def tracking_gravnet(**options) -> KNNGraphNet:
     """GravNet-style tracking baseline; options of :class:`KNNGraphNet` override."""
     return KNNGraphNet(**{**GNN_TRACKING_DEFAULTS, "conv": "gravnet", "hidden": 72, **options})

@@ -16,13 +16,13 @@ TRACKING_DEFAULTS = dict(in_dim=15, coord_dim=6, dim=24, heads=8, head_dim=24, n
                          mlp_hidden=256, mlp_layers=5, block_size=100, n_hashes=3, num_regions=150)
 
 
-@register_model("hept-tracking")
+@register_model("hept-tracking", export=None)
 def hept_tracking(**options) -> PointTransformerJK:
     """The paper's tracking model (0.33M parameters); any option of :class:`PointTransformerJK` overrides."""
     return PointTransformerJK(**{**TRACKING_DEFAULTS, **options})
 
 
-@register_model("tracking-encoder")
+@register_model("tracking-encoder", export=None)
 def tracking_encoder(attention: str = "hept", **options) -> PointTransformerJK:
     """The tracking skeleton around any attention mechanism (HEPT's baselines share it)."""
     return PointTransformerJK(**{**TRACKING_DEFAULTS, "attention": attention, **options})

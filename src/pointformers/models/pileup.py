@@ -109,13 +109,13 @@ class PileupClassifier(nn.Module):
         return self.out_proj(emb).squeeze(-1) * real
 
 
-@register_model("hept-pileup")
+@register_model("hept-pileup", export=None)
 def hept_pileup(**options) -> PileupClassifier:
     """The paper's pile-up model (HEPT attention); any :class:`PileupClassifier` option overrides."""
     return PileupClassifier(**{**PILEUP_DEFAULTS, **options})
 
 
-@register_model("pileup-encoder")
+@register_model("pileup-encoder", export=None)
 def pileup_encoder(attention: str = "hept", **options) -> PileupClassifier:
     """The pile-up model around any attention mechanism (``attention`` = a registry key).
 

@@ -14,6 +14,12 @@ from torch import nn
 
 from ..registry import Entry, Registry
 
+#: The export reason of models registered without ``export=None``.
+NOT_EXPORTED = ("export covers the per-point models whose forward is (x (N, F), coords (N, c)) -> per-point "
+                "outputs (hept-tracking, tracking-encoder, hept-pileup, pileup-encoder); this model's inputs "
+                "and outputs are another kind (shapes, sequences or sets with per-cloud outputs or extra inputs), "
+                "which no export signature covers yet")
+
 __all__ = ["ModelInfo", "MODELS", "register_model", "available", "build", "info", "entry"]
 
 
@@ -24,12 +30,13 @@ class ModelInfo:
     Attributes:
         task: the task it is built for (``task.name`` of its configs), or None when generic.
         description: one line for listings (default: the factory's first docstring line).
-    Whether a built model can be exported is a property of the instance (its ``export_inputs``
-    and its mechanisms' refusals, see :func:`pointformers.export.check_exportable`).
+        export: None when ``pointformers export`` handles the model (its mechanisms may still refuse,
+            see :func:`pointformers.export.check_exportable`), else why it does not.
     """
 
     task: str | None = None
     description: str = ""
+    export: str | None = NOT_EXPORTED
 
 
 def _describe(entry: Entry) -> None:
@@ -53,8 +60,11 @@ def available() -> list[str]:
 
 
 def build(name: str, **options) -> nn.Module:
-    """Instantiate model ``name`` (see :func:`available`) with its options."""
-    return MODELS.build(name, **options)
+    """Instantiate model ``name`` (see :func:`available`) with its options; the model records its
+    registry name (``model.registry_name``)."""
+    model = MODELS.build(name, **options)
+    model.registry_name = name
+    return model
 
 
 def info(name: str) -> ModelInfo:
