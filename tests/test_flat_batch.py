@@ -103,3 +103,39 @@ def test_models_take_flat_batches(name, options):
         torch.testing.assert_close(model(torch.cat(xs), torch.cat(cs), batch=batch), ref, rtol=0, atol=0)
     with pytest.raises(ValueError, match="no padding"):
         model(torch.cat(xs), torch.cat(cs), torch.ones(len(batch), dtype=torch.bool), batch=batch)
+
+
+POINT_MODELS = {  # model -> options for a small instance; (per-point output, needs category)
+    "sft-cls": (dict(k=8, dim=16, depth=1, heads=2), False), "sft-partseg": (dict(k=8, dim=16, depth=1, heads=2), True),
+    "samsa-cls": (dict(k=4, dim=16, depth=1, heads=2), False), "samsa-partseg": (dict(k=4, dim=16, depth=1, heads=2), True),
+    "sampled-cls": ({}, False), "mlp-cls": ({}, False), "mlp-partseg": ({}, True), "full-cls": ({}, False),
+    "flt-3d-reg": ({}, False), "mlp-3d-reg": ({}, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POINT_MODELS))
+def test_point_models_take_flat_batches(name):
+    from pointformers import models
+
+    options, per_point = POINT_MODELS[name]
+    torch.manual_seed(0)
+    try:
+        model = models.build(name, **options).double().eval()
+    except TypeError:
+        model = models.build(name).double().eval()
+    in_dim = getattr(model, "in_dim", None)
+    if in_dim is None:
+        in_dim = getattr(getattr(model, "encoder", None), "in_dim", 0)
+    g = torch.Generator().manual_seed(0)
+    sizes = (40, 64, 25)
+    ps = [torch.rand(n, 3, generator=g, dtype=torch.float64) for n in sizes]
+    xs = [torch.randn(n, in_dim, generator=g, dtype=torch.float64) for n in sizes] if in_dim else None
+    batch = torch.cat([torch.full((n,), i) for i, n in enumerate(sizes)])
+    (pos, mask) = pad_clouds(ps)
+    x = pad_clouds(xs)[0] if xs else None
+    kw = {"category": torch.zeros(len(sizes), dtype=torch.long)} if per_point and getattr(model, "num_categories", 0) \
+        else {}
+    with torch.no_grad():
+        ref = model(x, pos, mask, **kw)
+        out = model(torch.cat(xs) if xs else None, torch.cat(ps), batch=batch, **kw)
+    torch.testing.assert_close(out, ref[mask] if per_point else ref, rtol=1e-10, atol=1e-10)

@@ -115,3 +115,19 @@ def run_flat(fn, x: torch.Tensor, pos: torch.Tensor, batch: torch.Tensor | None 
                          f"{tuple(pos.shape) if isinstance(pos, torch.Tensor) else type(pos).__name__}")
     layout = flat_layout(x.shape[0], batch, ptr, device=x.device)
     return layout.unpad(fn(layout.pad(x), layout.pad(pos), layout.mask()))
+
+
+def run_flat_points(fn, x: torch.Tensor | None, pos: torch.Tensor, batch: torch.Tensor | None = None,
+                    ptr: torch.Tensor | None = None, per_point: bool = False, **kwargs):
+    """A point model's ``fn(x (B, n, F) | None, pos (B, n, P), mask (B, n), **kwargs)`` on flat inputs
+    x (N, F) | None, pos (N, P) grouped by ``batch``/``ptr``. Per-cloud outputs (B, ·) come back as
+    they are (clouds in index order); ``per_point=True`` outputs (B, n, ·) come back as (N, ·)."""
+    if not isinstance(pos, torch.Tensor) or pos.dim() != 2:
+        raise ValueError(f"pos: with batch= or ptr= expected flat (N, P) coordinates, got "
+                         f"{tuple(pos.shape) if isinstance(pos, torch.Tensor) else type(pos).__name__}")
+    if x is not None and (not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] != pos.shape[0]):
+        raise ValueError(f"x: with flat pos ({pos.shape[0]}, P) expected ({pos.shape[0]}, F) features, got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    layout = flat_layout(pos.shape[0], batch, ptr, device=pos.device)
+    out = fn(None if x is None else layout.pad(x), layout.pad(pos), layout.mask(), **kwargs)
+    return layout.unpad(out) if per_point else out

@@ -48,6 +48,7 @@ from torch import nn
 from ..attention import ForwardContext, build as build_attention, entry as attention_entry
 from ..attention.sampling import gather_rows
 from ..attention.sft import SFTSampler
+from ..data.batch import run_flat_points
 from ..nn.model_inputs import check_point_inputs
 from ..nn.pooling import masked_max
 from ..nn.transformer_block import TransformerBlock
@@ -251,7 +252,12 @@ class SFTPointClassifier(nn.Module):
         self.encoder = SFTPointEncoder(**encoder_options)
         self.head = SampledMaxHead(self.encoder.dim, num_classes, head_k, head_pool)
 
-    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None, *,
+                batch: torch.Tensor | None = None, ptr: torch.Tensor | None = None) -> torch.Tensor:
+        if batch is not None or ptr is not None:  # PyG-style flat input: one output per cloud
+            if mask is not None:
+                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
+            return run_flat_points(self.forward, x, pos, batch, ptr)
         h, mask = self.encoder(x, pos, mask)
         return self.head(h, mask)
 
@@ -280,7 +286,12 @@ class SFTPartSegmenter(nn.Module):
         self.head = nn.Linear(D, num_parts)
 
     def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None,
-                category: torch.Tensor | None = None) -> torch.Tensor:
+                category: torch.Tensor | None = None, *, batch: torch.Tensor | None = None,
+                ptr: torch.Tensor | None = None) -> torch.Tensor:
+        if batch is not None or ptr is not None:  # PyG-style flat input: (N, parts) logits
+            if mask is not None:
+                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
+            return run_flat_points(self.forward, x, pos, batch, ptr, per_point=True, category=category)
         cat = check_category(category, self.num_categories, pos)
         extra = self.category_embed(cat) if self.category_embed is not None else None
         h, mask = self.encoder(x, pos, mask, extra=extra)
