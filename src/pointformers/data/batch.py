@@ -131,3 +131,25 @@ def run_flat_points(fn, x: torch.Tensor | None, pos: torch.Tensor, batch: torch.
     layout = flat_layout(pos.shape[0], batch, ptr, device=pos.device)
     out = fn(None if x is None else layout.pad(x), layout.pad(pos), layout.mask(), **kwargs)
     return layout.unpad(out) if per_point else out
+
+
+def accepts_flat_batch(per_point: bool = False):
+    """Decorator for a point model's ``forward(self, x, pos, mask=None, ...)``: it also takes PyG-style
+    flat input, ``forward(x (N, F) | None, pos (N, P), batch=b | ptr=p, ...)`` (no mask), run as the
+    padded call (:func:`run_flat_points`): per-cloud outputs stay (B, ·), ``per_point`` outputs
+    come back as (N, ·). Further arguments (e.g. a segmenter's per-cloud ``category``) pass through."""
+    import functools
+
+    def deco(forward):
+        @functools.wraps(forward)
+        def wrapper(self, x, pos, mask=None, *args, batch=None, ptr=None, **kwargs):
+            if batch is None and ptr is None:
+                return forward(self, x, pos, mask, *args, **kwargs)
+            if mask is not None:
+                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
+            return run_flat_points(lambda xx, pp, mm, **kw: forward(self, xx, pp, mm, *args, **kw), x, pos, batch,
+                                   ptr, per_point, **kwargs)
+
+        return wrapper
+
+    return deco

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..data.batch import run_flat_points
+from ..data.batch import accepts_flat_batch
 from ..nn.model_inputs import check_point_inputs, check_token_inputs
 from ..nn.pooling import masked_max, masked_mean, masked_sum
 from .flt_models import FLT3DRegressor
@@ -74,12 +74,8 @@ class PointMLPClassifier(nn.Module):
         self.point = point_mlp([3 + in_dim, *widths])
         self.head = mlp_head([widths[-1], *head, num_classes], dropout)
 
-    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None, *,
-                batch: torch.Tensor | None = None, ptr: torch.Tensor | None = None) -> torch.Tensor:
-        if batch is not None or ptr is not None:  # PyG-style flat input: one output per cloud
-            if mask is not None:
-                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
-            return run_flat_points(self.forward, x, pos, batch, ptr)
+    @accepts_flat_batch()
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
         inp = pos if x is None else torch.cat([pos, x], -1)
         return self.head(masked_max(self.point(inp.masked_fill(~mask.unsqueeze(-1), 0.0)), mask))
@@ -103,13 +99,9 @@ class PointMLPSegmenter(nn.Module):
         width = local_widths[-1] + global_widths[-1] + (16 if num_categories else 0)
         self.head = mlp_head([width, *head, num_parts])
 
+    @accepts_flat_batch(per_point=True)
     def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None,
-                category: torch.Tensor | None = None, *, batch: torch.Tensor | None = None,
-                ptr: torch.Tensor | None = None) -> torch.Tensor:
-        if batch is not None or ptr is not None:  # PyG-style flat input: (N, parts) logits
-            if mask is not None:
-                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
-            return run_flat_points(self.forward, x, pos, batch, ptr, per_point=True, category=category)
+                category: torch.Tensor | None = None) -> torch.Tensor:
         mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
         cat = check_category(category, self.num_categories, pos)
         keep = mask.unsqueeze(-1)
@@ -161,12 +153,8 @@ class PointMLPRegressor(nn.Module):
         self.phi = point_mlp([3 + in_dim, *widths])
         self.rho = mlp_head([widths[-1], *head, 1])
 
-    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None, *,
-                batch: torch.Tensor | None = None, ptr: torch.Tensor | None = None) -> torch.Tensor:
-        if batch is not None or ptr is not None:  # PyG-style flat input: one output per cloud
-            if mask is not None:
-                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
-            return run_flat_points(self.forward, x, pos, batch, ptr)
+    @accepts_flat_batch()
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
         keep = mask.unsqueeze(-1)
         pos = pos.masked_fill(~keep, 0.0)

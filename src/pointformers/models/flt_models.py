@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ..attention import build as build_attention, entry as attention_entry
-from ..data.batch import run_flat_points
+from ..data.batch import accepts_flat_batch
 from ..nn.model_inputs import check_point_inputs, check_token_inputs
 from ..nn.pooling import masked_mean, masked_sum
 from ..nn.transformer_block import TransformerBlock
@@ -169,12 +169,8 @@ class FLT3DRegressor(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.energy = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, 1))
 
-    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None, *,
-                batch: torch.Tensor | None = None, ptr: torch.Tensor | None = None) -> torch.Tensor:
-        if batch is not None or ptr is not None:  # PyG-style flat input: one output per cloud
-            if mask is not None:
-                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
-            return run_flat_points(self.forward, x, pos, batch, ptr)
+    @accepts_flat_batch()
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
         keep = mask.unsqueeze(-1)
         pos = pos.masked_fill(~keep, 0.0)

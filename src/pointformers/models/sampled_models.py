@@ -42,7 +42,7 @@ from torch import nn
 
 from ..attention import ForwardContext, build as build_attention, entry as attention_entry
 from ..attention.sampled import coordinate_cycle  # noqa: F401  (its home before it moved to the mechanism)
-from ..data.batch import run_flat_points
+from ..data.batch import accepts_flat_batch
 from ..nn import TransformerBlock
 from ..nn.model_inputs import check_point_inputs
 from ..nn.pooling import masked_max
@@ -171,12 +171,8 @@ class SampledBasicClassifier(nn.Module):
                                                      16), ffn_hidden, layout)
         self.fc = nn.Linear(dim, num_classes)
 
-    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None, *,
-                batch: torch.Tensor | None = None, ptr: torch.Tensor | None = None) -> torch.Tensor:
-        if batch is not None or ptr is not None:  # PyG-style flat input: one output per cloud
-            if mask is not None:
-                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
-            return run_flat_points(self.forward, x, pos, batch, ptr)
+    @accepts_flat_batch()
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
         keep = mask.unsqueeze(-1)
         pos = pos.masked_fill(~keep, 0.0)
@@ -254,12 +250,8 @@ class SampledHierarchicalClassifier(nn.Module):
             for i, c in enumerate(dims))
         self.head = nn.Sequential(nn.Linear(dims[-1], dims[-1]), nn.ReLU(), nn.Linear(dims[-1], num_classes))
 
-    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None, *,
-                batch: torch.Tensor | None = None, ptr: torch.Tensor | None = None) -> torch.Tensor:
-        if batch is not None or ptr is not None:  # PyG-style flat input: one output per cloud
-            if mask is not None:
-                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
-            return run_flat_points(self.forward, x, pos, batch, ptr)
+    @accepts_flat_batch()
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
         keep = mask.unsqueeze(-1)
         pos = pos.masked_fill(~keep, 0.0)

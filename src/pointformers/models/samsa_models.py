@@ -29,7 +29,7 @@ from torch import nn
 
 from ..attention import build as build_attention, entry as attention_entry
 from ..attention.samsa import SAMSAAttention, SAMSABlock
-from ..data.batch import run_flat_points
+from ..data.batch import accepts_flat_batch
 from ..nn import RMSNorm
 from ..nn.model_inputs import check_point_inputs, check_token_inputs
 from ..nn.pooling import masked_max, masked_mean
@@ -120,12 +120,8 @@ class SAMSAPointClassifier(nn.Module):
         self.embed = nn.Linear(3 + in_dim, D)
         self.head = nn.Sequential(nn.Linear(2 * D, D), nn.GELU(), nn.Linear(D, num_classes))
 
-    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None, *,
-                batch: torch.Tensor | None = None, ptr: torch.Tensor | None = None) -> torch.Tensor:
-        if batch is not None or ptr is not None:  # PyG-style flat input: one output per cloud
-            if mask is not None:
-                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
-            return run_flat_points(self.forward, x, pos, batch, ptr)
+    @accepts_flat_batch()
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
         inp = pos if x is None else torch.cat([pos, x], -1)
         h = self.embed(inp.masked_fill(~mask.unsqueeze(-1), 0.0))
@@ -149,13 +145,9 @@ class SAMSAPartSegmenter(nn.Module):
         self.category_embed = nn.Embedding(num_categories, D) if num_categories else None
         self.head = nn.Sequential(nn.Linear(D, D), nn.GELU(), nn.Linear(D, num_parts))
 
+    @accepts_flat_batch(per_point=True)
     def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None,
-                category: torch.Tensor | None = None, *, batch: torch.Tensor | None = None,
-                ptr: torch.Tensor | None = None) -> torch.Tensor:
-        if batch is not None or ptr is not None:  # PyG-style flat input: (N, parts) logits
-            if mask is not None:
-                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
-            return run_flat_points(self.forward, x, pos, batch, ptr, per_point=True, category=category)
+                category: torch.Tensor | None = None) -> torch.Tensor:
         mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, who=type(self).__name__)
         cat = check_category(category, self.num_categories, pos)
         keep = mask.unsqueeze(-1)

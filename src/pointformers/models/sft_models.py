@@ -48,7 +48,7 @@ from torch import nn
 from ..attention import ForwardContext, build as build_attention, entry as attention_entry
 from ..attention.sampling import gather_rows
 from ..attention.sft import SFTSampler
-from ..data.batch import run_flat_points
+from ..data.batch import accepts_flat_batch
 from ..nn.model_inputs import check_point_inputs
 from ..nn.pooling import masked_max
 from ..nn.transformer_block import TransformerBlock
@@ -252,12 +252,8 @@ class SFTPointClassifier(nn.Module):
         self.encoder = SFTPointEncoder(**encoder_options)
         self.head = SampledMaxHead(self.encoder.dim, num_classes, head_k, head_pool)
 
-    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None, *,
-                batch: torch.Tensor | None = None, ptr: torch.Tensor | None = None) -> torch.Tensor:
-        if batch is not None or ptr is not None:  # PyG-style flat input: one output per cloud
-            if mask is not None:
-                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
-            return run_flat_points(self.forward, x, pos, batch, ptr)
+    @accepts_flat_batch()
+    def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         h, mask = self.encoder(x, pos, mask)
         return self.head(h, mask)
 
@@ -285,13 +281,9 @@ class SFTPartSegmenter(nn.Module):
         self.category_bias = nn.Embedding(num_categories, num_parts) if num_categories else None
         self.head = nn.Linear(D, num_parts)
 
+    @accepts_flat_batch(per_point=True)
     def forward(self, x: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor | None = None,
-                category: torch.Tensor | None = None, *, batch: torch.Tensor | None = None,
-                ptr: torch.Tensor | None = None) -> torch.Tensor:
-        if batch is not None or ptr is not None:  # PyG-style flat input: (N, parts) logits
-            if mask is not None:
-                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
-            return run_flat_points(self.forward, x, pos, batch, ptr, per_point=True, category=category)
+                category: torch.Tensor | None = None) -> torch.Tensor:
         cat = check_category(category, self.num_categories, pos)
         extra = self.category_embed(cat) if self.category_embed is not None else None
         h, mask = self.encoder(x, pos, mask, extra=extra)
