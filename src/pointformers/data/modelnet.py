@@ -134,19 +134,25 @@ def load_modelnet_normal_resampled(
     entries = []
     if not list_file.is_file():
         raise ValueError(f"{list_file}: file not found (expected the {split} shape list)")
-    with open(list_file, encoding="utf-8") as f:
-        for i, ln in enumerate(f, start=1):
-            sid = ln.strip()
-            if not sid:
-                continue
-            m = _ID.match(sid)
-            if m is None or m.group("cls") not in class_index:
-                raise ValueError(f"{list_file}:{i}: expected a shape id '<class>_<number>' with a class from "
-                                 f"{names_file.name}, got {sid!r}")
-            path = root / m.group("cls") / f"{sid}.txt"
-            if not path.is_file():
-                raise ValueError(f"{list_file}:{i}: listed shape file {path} does not exist")
-            entries.append((sid, class_index[m.group("cls")], path))
+    try:
+        list_lines = list_file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        line = list_file.read_bytes()[: e.start].count(b"\n") + 1
+        raise ValueError(f"file {list_file}: not UTF-8 text (line {line})") from None
+    for i, ln in enumerate(list_lines, start=1):
+        sid = ln.strip()
+        if not sid:
+            continue
+        m = _ID.match(sid)
+        if m is None or m.group("cls") not in class_index:
+            raise ValueError(f"{list_file}:{i}: expected a shape id '<class>_<number>' with a class from "
+                             f"{names_file.name}, got {sid!r}")
+        path = root / m.group("cls") / f"{sid}.txt"
+        if not path.is_file():
+            raise ValueError(f"{list_file}:{i}: listed shape file {path} does not exist")
+        entries.append((sid, class_index[m.group("cls")], path))
+    if not entries:
+        raise ValueError(f"{list_file}: empty file, expected one shape id '<class>_<number>' per line")
 
     def build() -> ShapeCloudSet:
         clouds = []

@@ -92,7 +92,12 @@ def _read_categories(path: Path) -> list[tuple[str, str]]:
     if not path.is_file():
         raise ValueError(f"{path}: file not found (expected the category map)")
     out = []
-    for i, ln in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise ValueError(f"file {path}: not UTF-8 text (line {line})") from None
+    for i, ln in enumerate(text.splitlines(), start=1):
         f = ln.split()
         if not f:
             continue
@@ -145,6 +150,11 @@ def load_shapenetpart(
             items = json.loads(jf.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise ValueError(f"{jf}:{e.lineno}: invalid JSON ({e.msg})") from None
+        except UnicodeDecodeError as e:
+            line = jf.read_bytes()[: e.start].count(b"\n") + 1
+            raise ValueError(f"file {jf}: not UTF-8 text (line {line})") from None
+        if isinstance(items, list) and not items:
+            raise ValueError(f"{jf}: empty shape list (expected a JSON list of 'shape_data/<synset>/<id>' strings)")
         if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
             raise ValueError(f"{jf}: expected a JSON list of 'shape_data/<synset>/<id>' strings")
         for k, item in enumerate(items):

@@ -26,7 +26,8 @@ def read_numeric_table(path: str | os.PathLike, ncols: int, delimiter: str | Non
     try:
         text = path.read_text(encoding="utf-8", errors="strict")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: expected a text file of {what} lines, got undecodable bytes ({e.reason})") from None
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise ValueError(f"file {path}: not UTF-8 text (line {line}; expected {what} lines)") from None
     lines = text.splitlines()
     flat = text.replace(",", " ") if delimiter == "," else text
     # Fast path: parse everything at once and check the count; any surprise falls back to the
@@ -36,6 +37,8 @@ def read_numeric_table(path: str | os.PathLike, ncols: int, delimiter: str | Non
     except ValueError:
         values = None
     n_rows = sum(1 for ln in lines if ln.strip())
+    if n_rows == 0:
+        raise ValueError(f"{path}: empty file, expected lines of {what}")
     if values is not None and values.size == n_rows * ncols and np.isfinite(values).all():
         if delimiter == "," and any(ln.count(",") != ncols - 1 for ln in lines if ln.strip()):
             pass  # e.g. "1 2,3,..." with a missing comma: find it below
@@ -64,12 +67,19 @@ def read_name_list(path: str | os.PathLike, what: str) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: file not found (expected {what})")
+    try:
+        text = path.read_text(encoding="utf-8", errors="strict")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise ValueError(f"file {path}: not UTF-8 text (line {line})") from None
     out = []
-    for i, ln in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for i, ln in enumerate(text.splitlines(), start=1):
         s = ln.strip()
         if not s:
             continue
         if len(s.split()) != 1:
             raise ValueError(f"{path}:{i}: expected one {what} per line, got {s[:80]!r}")
         out.append(s)
+    if not out:
+        raise ValueError(f"{path}: empty file, expected one {what} per line")
     return out

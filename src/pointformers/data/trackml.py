@@ -102,6 +102,7 @@ import gzip
 import io
 import re
 import warnings
+import zlib
 from pathlib import Path
 from typing import IO, Iterator, Mapping
 
@@ -131,7 +132,9 @@ _EXACT = "%r"  # Python's shortest repr: round-trips float64 exactly
 
 # ============================================================================ CSV helpers
 def _open_text(path: Path) -> IO[str]:
-    return gzip.open(path, "rt") if path.suffix == ".gz" else open(path, "r", newline="")
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8", errors="strict")
+    return open(path, "r", newline="", encoding="utf-8", errors="strict")
 
 
 def _read_csv(path: Path, columns: Mapping[str, str]) -> dict[str, np.ndarray]:
@@ -140,6 +143,27 @@ def _read_csv(path: Path, columns: Mapping[str, str]) -> dict[str, np.ndarray]:
     Raises ValueError naming the file and the missing columns, or the file, line number and
     column of a malformed line.
     """
+    try:
+        return _read_csv_checked(path, columns)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise ValueError(f"file {path}: truncated or corrupted gzip ({exc})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"file {path}: not UTF-8 text (line {_bad_utf8_line(path)})") from None
+
+
+def _bad_utf8_line(path: Path) -> int:
+    """1-based line number of the first line of ``path`` that is not valid UTF-8."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return lineno
+    return 1
+
+
+def _read_csv_checked(path: Path, columns: Mapping[str, str]) -> dict[str, np.ndarray]:
     with _open_text(path) as f:
         header_line = f.readline()
     header = [h.strip() for h in header_line.strip().lstrip("\ufeff").split(",")] if header_line.strip() else []
@@ -501,6 +525,15 @@ def _read_event(src: Path, table: Mapping[str, np.ndarray] | None, where: str, t
     hits = _read_csv(paths["hits"], HITS_COLUMNS)
     keep = np.isin(hits["volume_id"], PIXEL_VOLUMES)
     hits = {k: v[keep] for k, v in hits.items()}
+    if len(hits["hit_id"]) == 0:
+        raise ValueError(f"{paths['hits']}: no pixel hits (volumes {PIXEL_VOLUMES}); the file holds "
+                         f"{int(keep.size)} hit rows")
+    bad = ~(np.isfinite(hits["x"]) & np.isfinite(hits["y"]) & np.isfinite(hits["z"]))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        row = int(np.flatnonzero(keep)[i])
+        raise ValueError(f"{paths['hits']}, line {_data_line(paths['hits'], row)} (hit_id {int(hits['hit_id'][i])}): "
+                         f"coordinates (x, y, z) = ({hits['x'][i]}, {hits['y'][i]}, {hits['z'][i]}) are not finite")
     if len(np.unique(hits["hit_id"])) != len(hits["hit_id"]):
         raise ValueError(f"{paths['hits']}: duplicate hit_id values")
 
