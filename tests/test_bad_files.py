@@ -153,3 +153,34 @@ def test_empty_shapenetpart_index_files(shapenet_root, name: str, content: str) 
     (r / name).write_text(content)
     with pytest.raises(ValueError, match=rf"{Path(name).name}: empty"):
         load_shapenetpart(r, "train", num_points=16)
+
+
+# ---------------------------------------------------------------- truncated .pt files
+import torch  # noqa: E402
+
+
+@pytest.fixture()
+def truncated_pt(tmp_path: Path) -> Path:
+    p = tmp_path / "model.pt"
+    torch.save({"regions": torch.zeros(3, 2, 4), "feat_encoder.0.weight": torch.zeros(8, 5)}, p)
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    return p
+
+
+def test_reference_checkpoint_truncated_names_file(truncated_pt: Path) -> None:
+    from pointformers.models import from_reference_checkpoint
+    with pytest.raises(ValueError, match=rf"{truncated_pt.name}: cannot be read"):
+        from_reference_checkpoint(truncated_pt)
+
+
+def test_export_load_model_truncated_names_file(truncated_pt: Path) -> None:
+    from pointformers.export.onnx_export import load_model
+    with pytest.raises(ValueError, match=rf"{truncated_pt.name}.*cannot be read"):
+        load_model(truncated_pt)
+
+
+def test_load_checkpoint_truncated_names_file(truncated_pt: Path) -> None:
+    from pointformers.engine.checkpoint import load_checkpoint
+    with pytest.raises(ValueError, match=rf"{truncated_pt.name}.*cannot be read"):
+        load_checkpoint(truncated_pt)

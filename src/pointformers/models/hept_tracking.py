@@ -128,7 +128,13 @@ def from_reference_checkpoint(path: str | os.PathLike = "hept-tracking-60k", dty
     ``padding="mask"`` for this project's masked padding.
     """
     path = reference_checkpoint_path(path)
-    ref = torch.load(path, map_location="cpu", weights_only=True)
+    if not Path(path).is_file():
+        raise ValueError(f"{path!s}: no such file (expected an authors' HEPT state_dict)")
+    try:
+        ref = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - truncated zip, EOF, pickle refusals: all name the file
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ValueError(f"{path!s}: cannot be read (truncated or corrupted?): {type(exc).__name__}: {first}") from None
     if not is_reference_state_dict(ref):
         raise ValueError(f"{path!s}: not an authors' HEPT state_dict (expected keys 'regions', 'feat_encoder.0.weight')")
     n_hashes, _, heads = ref["regions"].shape
