@@ -320,6 +320,8 @@ def export_model(model_or_checkpoint: nn.Module | str | os.PathLike | Mapping[st
                     optimize=bool(optimize), external_data=False)
             proto = onnx_program.model_proto
             meta["opset"] = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), opset)
+            if opset is not None and meta["opset"] != opset:
+                raise ValueError(f"opset: asked for {opset}, the exporter wrote opset {meta['opset']}")
             del proto.metadata_props[:]
             entry = proto.metadata_props.add()
             entry.key, entry.value = METADATA_KEY, json.dumps(meta)
