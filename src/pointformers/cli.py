@@ -149,8 +149,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out or cfg["out"])
     cfg["out"] = str(out)
     spec = _spec(cfg)
+    overwrite = bool(getattr(args, "overwrite", False))
     env = init_distributed(cfg["train"]["device"])
+    lock = None
     try:
+        if env.is_main:  # one run per folder, and never over a finished one by accident
+            lock = _claim_run_folder(out, args.resume, overwrite)
         t0 = time.perf_counter()
         show = env.is_main and progress_enabled(cfg["train"]["progress"])
         if env.distributed and not env.is_main:
@@ -160,14 +164,13 @@ def cmd_train(args: argparse.Namespace) -> int:
             barrier(env)
         t_data = time.perf_counter() - t0
         if env.is_main:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "config.yaml").write_text(dump_config(cfg))
             print(f"{spec.name}: train {_count_phrase(samples['train'])}, val {_count_phrase(samples['val'])}, "
                   f"test {_count_phrase(samples['test'])} ({t_data:.1f} s); {env.world_size} process(es) on {env.device}")
         model = _build_model(cfg)
         res = fit(model, spec.build(cfg), samples["train"], samples["val"], TrainConfig(**cfg["train"]), out,
                   cfg["model"]["name"], cfg["model"]["options"], test=samples.get("test"), resume=args.resume,
-                  extra={"config": cfg}, dist=env)
+                  extra={"config": cfg}, dist=env,
+                  on_start=lambda: _start_run_files(out, cfg, overwrite and not args.resume))
         if env.is_main:
             metric = cfg["train"]["metric"]
             print(f"best epoch {res.best_epoch}: val {metric} {_fmt(res.best_metric)}; "
@@ -175,8 +178,37 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"checkpoint: {out / 'best.pt'}  metrics: {out / 'metrics.json'}, {out / 'metrics.csv'}  "
                   f"({res.seconds + t_data:.1f} s)")
     finally:
+        if lock is not None:
+            lock.release()
         shutdown_distributed(env)
     return 0
+
+
+def _claim_run_folder(out: Path, resume: bool, overwrite: bool):
+    """Lock ``out`` for this run, then refuse it if it holds a run and neither ``resume`` nor
+    ``overwrite`` is set (:mod:`pointformers.engine.run_folder`). Returns the held lock."""
+    from .engine.run_folder import RunLock, check_run_folder
+
+    check_run_folder(out, resume, overwrite)  # before creating anything
+    lock = RunLock(out).acquire()
+    try:
+        check_run_folder(out, resume, overwrite)  # again under the lock: a run may have started meanwhile
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _start_run_files(out: Path, cfg: Mapping[str, Any], remove_old: bool) -> None:
+    """The run is set up (and resumed, if asked): remove an overwritten run's files, then write
+    ``config.yaml`` atomically."""
+    from .engine.run_folder import remove_run_files
+    from .files import atomic_write
+
+    if remove_old:
+        remove_run_files(out)
+    text = dump_config(cfg).encode()
+    atomic_write(out / "config.yaml", lambda f: f.write(text))
 
 
 # ------------------------------------------------------------------------------ evaluate
@@ -478,15 +510,12 @@ def _prepare(cfg: Mapping[str, Any], splits: Sequence[str], pairs_for: Sequence[
 
 
 def run_demo(out: str | os.PathLike = "runs/demo", epochs: int | None = None, preset: str | None = None,
-             config: str | None = None, overrides: Sequence[str] = (), log=print) -> dict[str, Any]:
+             config: str | None = None, overrides: Sequence[str] = (), log=print,
+             overwrite: bool = True) -> dict[str, Any]:
     """Generate data, train HEPT, evaluate against the untrained model and kNN in (η, φ), draw the
     event display. Writes ``results.json``, ``event_display.png``, checkpoints and metrics to
-    ``out``; returns the results dict."""
-    from .engine import TrainConfig, fit, progress_enabled, write_json
-    from .tasks.tracking import ap_at_k, cluster_tracks
-    from .tasks.tracking.display import choose_eps, draw_event_display
-    from .tasks.tracking.training import knn_baseline_metrics
-
+    ``out``; returns the results dict. The demo is a scratch run: by default (``overwrite``) an
+    earlier run in ``out`` is replaced; ``out`` is locked against a concurrent run either way."""
     t_all = time.perf_counter()
     extra = list(overrides)
     if epochs is not None:
@@ -499,6 +528,19 @@ def run_demo(out: str | os.PathLike = "runs/demo", epochs: int | None = None, pr
                           f"(use pointformers train for other tasks)")
     out = Path(out)
     cfg["out"] = str(out)
+    lock = _claim_run_folder(out, False, overwrite)
+    try:
+        return _run_demo(cfg, out, overwrite, log, t_all)
+    finally:
+        lock.release()
+
+
+def _run_demo(cfg: dict[str, Any], out: Path, overwrite: bool, log, t_all: float) -> dict[str, Any]:
+    from .engine import TrainConfig, fit, progress_enabled, write_json
+    from .tasks.tracking import ap_at_k, cluster_tracks
+    from .tasks.tracking.display import choose_eps, draw_event_display
+    from .tasks.tracking.training import knn_baseline_metrics
+
     show = progress_enabled(cfg["train"]["progress"])
     log(f"[1/4] data: preset {cfg['data']['preset']!r} (generated once, then cached)")
     clouds, timing = _prepare(cfg, ("train", "val", "test"), progress=show, keep_events=True)
@@ -506,8 +548,7 @@ def run_demo(out: str | os.PathLike = "runs/demo", epochs: int | None = None, pr
     log(f"      {len(clouds['train'])}/{len(clouds['val'])}/{len(clouds['test'])} train/val/test clouds, "
         f"{sum(n_hits) / max(len(n_hits), 1):.0f} hits per cloud; data {timing['data_s']:.1f} s, "
         f"pairs {timing['prepare_s']:.1f} s")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(dump_config(cfg))
+    _start_run_files(out, cfg, overwrite)
 
     task = _spec(cfg).build(cfg)
     untrained = _build_model(cfg)
@@ -560,7 +601,7 @@ def run_demo(out: str | os.PathLike = "runs/demo", epochs: int | None = None, pr
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    run_demo(args.out, args.epochs, args.preset, args.config, args.set)
+    run_demo(args.out, args.epochs, args.preset, args.config, args.set, overwrite=True)
     return 0
 
 
@@ -639,7 +680,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="train HEPT on a small synthetic tracking set and compare with baselines (minutes on CPU)")
-    d.add_argument("--out", default="runs/demo", help="run folder (default: runs/demo)")
+    d.add_argument("--out", default="runs/demo", help="run folder (default: runs/demo); a scratch run: an earlier "
+                   "run there is replaced (its checkpoints and metrics), other files are kept")
     d.add_argument("--epochs", type=int, default=None, help=f"epochs (default: {DEMO_CONFIG['train']['epochs']})")
     d.add_argument("--preset", default=None, help="tracking preset: tiny, small (default), tracking-6k, tracking-60k")
     _config_args(d, "YAML config to start from instead of the built-in one")
@@ -649,6 +691,11 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(t, "YAML config (default: the demo's)")
     t.add_argument("--out", default=None, help="run folder (default: the config's 'out')")
     t.add_argument("--resume", action="store_true", help="continue exactly from OUT/last.pt")
+    t.add_argument("--overwrite", action="store_true",
+                   help="start a new run in an OUT that holds one: its last.pt, best.pt and metrics.* are deleted "
+                        "and config.yaml rewritten once the new run is set up, other files are kept (without "
+                        "--resume or --overwrite an OUT holding a run is refused; one run at a time per OUT, "
+                        "locked by OUT/.lock)")
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("evaluate", help="evaluate a checkpoint on a split, or on a folder of TrackML events",

@@ -228,8 +228,10 @@ class Trainer:
     def __init__(self, model: nn.Module, task: Task, train: Sequence[Any], val: Sequence[Any], config: TrainConfig,
                  run_dir: str | os.PathLike, model_name: str, model_config: Mapping[str, Any],
                  test: Sequence[Any] | None = None, resume: bool = False, extra: Mapping[str, Any] | None = None,
-                 log: Callable[[str], None] | None = print, dist: DistEnv | None = None):
+                 log: Callable[[str], None] | None = print, dist: DistEnv | None = None,
+                 on_start: Callable[[], None] | None = None):
         self.model, self.task, self.config = model, task, config
+        self.on_start = on_start
         self.train, self.val, self.test = train, val, test
         self.run_dir = Path(run_dir)
         self.model_name, self.model_config = model_name, dict(model_config)
@@ -475,6 +477,8 @@ class Trainer:
         self.setup()
         if self.resume:
             self.resume_from_last()
+        if self.main and self.on_start is not None:
+            self.on_start()  # after the resume checks: a failed resume has changed nothing
         self.wrap_model()
         self.tb = TensorBoardLog(self.run_dir / "tensorboard", self.config.tensorboard) if self.main else None
         try:
@@ -505,6 +509,7 @@ def fit(
     extra: Mapping[str, Any] | None = None,
     log: Callable[[str], None] | None = print,
     dist: DistEnv | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``train`` (``config.batch_size`` samples per optimiser step).
 
@@ -523,6 +528,8 @@ def fit(
         log: called with one line per epoch on rank 0 (None = silent).
         dist: this process's place in a torchrun job (:func:`~.distributed.init_distributed`);
             None = a single process without ``torch.distributed``.
+        on_start: called once on rank 0 after the setup and the resume succeeded, before the
+            first epoch (the CLI writes ``config.yaml`` there, so a failed resume leaves it alone).
 
     Returns:
         :class:`TrainResult` (its ``test`` and the file-derived fields are the same on every rank).
@@ -531,4 +538,4 @@ def fit(
         is not finite (nothing is written for that epoch).
     """
     return Trainer(model, task, train, val, config, run_dir, model_name, model_config, test=test, resume=resume,
-                   extra=extra, log=log, dist=dist).run()
+                   extra=extra, log=log, dist=dist, on_start=on_start).run()
