@@ -6,7 +6,8 @@
 ``--checkpoint`` takes a training checkpoint (``best.pt`` / ``last.pt``) or an authors' HEPT
 ``state_dict`` (e.g. ``hept-tracking-60k.pt``). ``--check`` runs the exported file and the
 PyTorch model on one generated event (tracking models) or random points and prints how many
-points agree; it exits 1 when fewer than ``--check-min-agree`` of them do (:func:`check_failure`). Wiring into the main command: ``add_export_parser(subparsers)`` registers the
+points agree; it exits 1 when fewer than ``--check-min-agree`` of them do (:func:`check_failure`).
+Wiring into the main command: ``add_export_parser(subparsers)`` registers the
 ``export`` subcommand; :func:`run` is its handler (``args.func``), returning 0 and raising
 ValueError with a one-line message on a bad argument or an unsupported mechanism.
 """
