@@ -326,9 +326,9 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="mask has shape"):
         attn(x, None, torch.ones(1, 9, dtype=torch.bool))
     with pytest.raises(ValueError, match="feature size"):
-        attn(torch.randn(1, 10, 5))
+        attn(torch.randn(1, 10, 5, dtype=torch.float64))
     with pytest.raises(ValueError, match="pos must have shape"):
-        attn(x, torch.randn(1, 9, 3))
+        attn(x, torch.randn(1, 9, 3, dtype=torch.float64))
     with pytest.raises(ValueError, match="order"):
         cyc(attn, torch.zeros(1, 10, dtype=torch.int64))
     mask = torch.ones(1, 10, dtype=torch.bool)

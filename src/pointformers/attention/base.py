@@ -75,11 +75,24 @@ class ForwardContext:
         return len(self._store)
 
 
+def _check_dtype(module, x) -> None:
+    """x's floating dtype must be the module's (autocast aside): a clear error naming the argument
+    instead of a dtype clash deep inside a matrix product."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or is_tracing() \
+            or torch.is_autocast_enabled(x.device.type):
+        return
+    p = next((t for t in module.parameters() if t.is_floating_point()), None)
+    if p is not None and p.dtype != x.dtype:
+        raise ValueError(f"x: dtype {x.dtype} does not match the module's parameters ({p.dtype}); convert the input "
+                         f"(x.to({p.dtype})) or the module (module.to({x.dtype})), or run under torch.autocast")
+
+
 def _flat_to_padded(module, args, kwargs):
     """Forward pre-hook: ``mixer(x (N, D), pos (N, P), batch=b | ptr=p)`` becomes the padded call
     ``mixer(x (B, n, D), pos (B, n, P), mask (B, n))``; the layout is kept for the output hook."""
     batch, ptr = kwargs.pop("batch", None), kwargs.pop("ptr", None)
     x = args[0] if args else kwargs.get("x")
+    _check_dtype(module, x)
     if batch is None and ptr is None and not (isinstance(x, torch.Tensor) and x.dim() == 2):
         module._flat_layouts.append(None)
         return args, kwargs

@@ -130,7 +130,11 @@ class KernelAttention(TokenMixer):
         # zero columns pad the width to a multiple of 8: the per-head GEMMs xp @ wᵀ run twice as
         # fast with K = 32 as with K = 31 (HEPT's D + c + 1 for D = 24, c = 6)
         pad = -(self.dim + c + 1) % 8
-        xp = torch.cat([x * keep, pos.to(x.dtype) * keep, keep, x.new_zeros(B, Np, pad)], -1)  # (B, Np, Din)
+        real = mask[..., None]
+        # masked_fill, not a product with the mask: a NaN or inf in a padded row (which may hold
+        # anything) times 0 is NaN and would reach every real point through the sums
+        xp = torch.cat([x.masked_fill(~real, 0.0), pos.to(x.dtype).masked_fill(~real, 0.0), keep,
+                        x.new_zeros(B, Np, pad)], -1)  # (B, Np, Din)
         Din = xp.shape[-1]
         scale = torch.diag_embed((2.0 * self.omega()).sqrt().to(x.dtype))  # (H, c, c)
         one_row = x.new_zeros(H, 1, Din)
