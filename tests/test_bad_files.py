@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 import numpy as np
@@ -184,3 +185,131 @@ def test_load_checkpoint_truncated_names_file(truncated_pt: Path) -> None:
     from pointformers.engine.checkpoint import load_checkpoint
     with pytest.raises(ValueError, match=rf"{truncated_pt.name}.*cannot be read"):
         load_checkpoint(truncated_pt)
+
+
+# ---------------------------------------------------------------- export --opset / --check
+def _small_checkpoint(tmp_path: Path) -> Path:
+    from pointformers import models
+    from pointformers.engine.checkpoint import save_checkpoint
+    torch.manual_seed(0)
+    cfg = {"attention": "full", "heads": 2, "n_layers": 1, "mlp_hidden": 32, "mlp_layers": 3}
+    model = models.build("tracking-encoder", **cfg)
+    path = tmp_path / "best.pt"
+    save_checkpoint(path, {"model": model.state_dict(), "model_name": "tracking-encoder", "model_config": cfg})
+    return path
+
+
+@pytest.mark.parametrize("opset", [18, 20])
+def test_export_opset_is_honoured(tmp_path: Path, opset: int) -> None:
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    from pointformers.export.cli import main as export_main
+    from pointformers.export.runtime import read_metadata
+    ckpt = _small_checkpoint(tmp_path)
+    out = tmp_path / f"m{opset}.onnx"
+    assert export_main(["--checkpoint", str(ckpt), "--out", str(out), "--opset", str(opset)]) == 0
+    proto = onnx.load(str(out))
+    assert [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")] == [opset]
+    assert read_metadata(out)["opset"] == opset
+
+
+def test_check_failure_rule() -> None:
+    from pointformers.export.cli import check_failure
+    good = {"agree_1e-5": 1.0, "agree_1e-3": 1.0, "agree_1e-1": 1.0}
+    assert check_failure(good, "float64") is None and check_failure(good, "float32") is None
+    assert "below the required 99.90%" in check_failure({**good, "agree_1e-5": 0.5}, "float64")
+    assert check_failure({**good, "agree_1e-5": 0.5}, "float32") is None  # float32 judged to 1e-1
+    assert "below the required 95.00%" in check_failure({**good, "agree_1e-1": 0.9}, "float32")
+    assert check_failure({**good, "agree_1e-1": 0.9}, "float32", min_agree=0.8) is None
+    assert check_failure({**good, "agree_1e-5": float("nan")}, "float64") is not None
+
+
+def test_export_check_exits_nonzero_below_tolerance(tmp_path: Path, monkeypatch, capsys) -> None:
+    pytest.importorskip("onnxruntime")
+    import pointformers.export.cli as ecli
+    ckpt = _small_checkpoint(tmp_path)
+    out = tmp_path / "m.onnx"
+    args = ["--checkpoint", str(ckpt), "--out", str(out), "--check", "64"]
+    assert ecli.main(args) == 0  # a faithful export passes
+    capsys.readouterr()
+    real = ecli.check_export
+    monkeypatch.setattr(ecli, "check_export", lambda *a, **k: {**real(*a, **k), "agree_1e-1": 0.5})
+    assert ecli.main(args) == 1
+    assert "check failed: 50.00% of points agree" in capsys.readouterr().err
+    assert ecli.main(args + ["--check-min-agree", "0.4"]) == 0
+    assert ecli.main(args + ["--check-min-agree", "1.5"]) == 2
+
+
+# ---------------------------------------------------------------- unwritable outputs
+def _unwritable(tmp_path: Path) -> Path:
+    """A folder path nobody can create, root included: it lies under a regular file."""
+    (tmp_path / "afile").write_text("not a folder\n")
+    return tmp_path / "afile" / "out"
+
+
+def test_cached_arrays_is_quiet_unless_writes_are_required(tmp_path: Path) -> None:
+    from pointformers.data.cache import CacheWriteError, cached_arrays, writes_required
+    bad = _unwritable(tmp_path)
+    build = lambda: {"a": np.arange(3)}  # noqa: E731
+    assert cached_arrays(bad, "x", {"v": 1}, build)["a"].tolist() == [0, 1, 2]  # loading goes on uncached
+    with writes_required(), pytest.raises(CacheWriteError, match=rf"cannot write {bad}/x-.*\.npz: "):
+        cached_arrays(bad, "x", {"v": 1}, build)
+    assert cached_arrays(bad, "x", {"v": 1}, build)["a"].tolist() == [0, 1, 2]  # the flag was reset
+
+
+def test_generate_fails_when_it_cannot_write_its_cache(tmp_path: Path, capsys, monkeypatch) -> None:
+    from pointformers.cli import main
+    monkeypatch.setenv("CI", "1")
+    bad = _unwritable(tmp_path)
+    rc = main(["generate", "--set", "data.preset=tiny", "--set", f"data.cache_dir={bad}", "--splits", "val"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0, err
+    assert f"cannot write {bad}" in err
+
+
+def _one_line_exit_2(capsys, argv) -> str:
+    from pointformers.cli import main
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0, err
+    return err
+
+
+def test_evaluate_json_into_unwritable_folder(tmp_path: Path, capsys) -> None:
+    bad = _unwritable(tmp_path)
+    # checked before the checkpoint is even read, for both evaluate paths
+    err = _one_line_exit_2(capsys, ["evaluate", "--checkpoint", str(tmp_path / "best.pt"),
+                                    "--json", str(bad / "r.json")])
+    assert f"cannot write {bad / 'r.json'}: " in err
+    err = _one_line_exit_2(capsys, ["evaluate", "--checkpoint", "hept-tracking-60k", "--data", str(tmp_path),
+                                    "--json", str(bad / "r.json")])
+    assert f"cannot write {bad / 'r.json'}: " in err
+
+
+def test_predict_out_unwritable(event, tmp_path: Path, capsys) -> None:
+    write_trackml_event(event, tmp_path / "events", "event000001000")
+    bad = _unwritable(tmp_path)
+    err = _one_line_exit_2(capsys, ["predict", "--checkpoint", "hept-tracking-60k", "--data",
+                                    str(tmp_path / "events"), "--out", str(bad)])
+    assert f"cannot write {bad}: " in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
+def test_predict_out_read_only_folder(event, tmp_path: Path, capsys) -> None:
+    write_trackml_event(event, tmp_path / "events", "event000001000")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        err = _one_line_exit_2(capsys, ["predict", "--checkpoint", "hept-tracking-60k", "--data",
+                                        str(tmp_path / "events"), "--out", str(ro)])
+        assert f"cannot write {ro}: Permission denied" in err
+    finally:
+        ro.chmod(0o700)
+
+
+def test_write_outputs_failure_names_the_file(tmp_path: Path) -> None:
+    from pointformers.trackml_eval import _write_outputs
+    bad = _unwritable(tmp_path)
+    with pytest.raises(ValueError, match=rf"cannot write {bad / 't.csv'}: "):
+        _write_outputs(bad / "t.csv", bad / "e.npz", np.arange(3), np.zeros((3, 2)), np.arange(3), 0.1)

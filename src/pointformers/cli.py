@@ -222,7 +222,7 @@ def _config_for_checkpoint(args: argparse.Namespace, ckpt: Mapping[str, Any]) ->
 def cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
-    from .engine import load_checkpoint, model_from_checkpoint, write_json
+    from .engine import load_checkpoint, model_from_checkpoint
     from .engine.distributed import resolve_device
     from .models.hept_tracking import is_reference_checkpoint
 
@@ -263,9 +263,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
         print(format_track_metrics(track_report))
     if args.json:
-        write_json(args.json, {"checkpoint": str(args.checkpoint), "task": spec.name, "split": split,
-                               "rows": {n: m for n, m in rows},
-                               **({"track_metrics": track_report} if track_report is not None else {})})
+        _write_json_file(args.json, {"checkpoint": str(args.checkpoint), "task": spec.name, "split": split,
+                                     "rows": {n: m for n, m in rows},
+                                     **({"track_metrics": track_report} if track_report is not None else {})})
         print(f"wrote {args.json}")
     return 0
 
@@ -280,6 +280,19 @@ def _check_new_file(path: str | None, opt: str, force: bool) -> None:
         raise ValueError(f"{opt}: {p} is a folder, expected a file name")
     if p.exists() and not force:
         raise ValueError(f"{opt}: {p} already exists; pass --force to overwrite it")
+    from .trackml_eval import check_writable_folder
+
+    check_writable_folder(p.parent, p)  # "cannot write FILE: reason" now, not after the work
+
+
+def _write_json_file(path: str, payload: Mapping[str, Any]) -> None:
+    """``engine.write_json`` with an unwritable target reported as ``cannot write FILE: reason``."""
+    from .engine import write_json
+
+    try:
+        write_json(path, payload)
+    except OSError as exc:
+        raise ValueError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 @contextlib.contextmanager
@@ -356,7 +369,6 @@ def _model_and_radius(args: argparse.Namespace):
 
 
 def cmd_evaluate_data(args: argparse.Namespace) -> int:
-    from .engine import write_json
     from .trackml_eval import DBSCAN_MIN_SAMPLES, check_event_folder, evaluate_folder
 
     if args.split is not None:
@@ -373,9 +385,10 @@ def cmd_evaluate_data(args: argparse.Namespace) -> int:
         res = evaluate_folder(tm, args.data, eps, args.detectors, log=print, match_pt_min=args.match_pt_min,
                               match_eta_max=args.match_eta_max)
     if args.json:
-        write_json(args.json, {"checkpoint": str(args.checkpoint), "model": tm.label, "data": str(args.data),
-                               "detectors": args.detectors, "dbscan_eps": eps, "dbscan_min_samples": DBSCAN_MIN_SAMPLES,
-                               "eps_source": source, "pt_min": tm.pt_min, "K": tm.K, **res})
+        _write_json_file(args.json, {"checkpoint": str(args.checkpoint), "model": tm.label, "data": str(args.data),
+                                     "detectors": args.detectors, "dbscan_eps": eps,
+                                     "dbscan_min_samples": DBSCAN_MIN_SAMPLES, "eps_source": source,
+                                     "pt_min": tm.pt_min, "K": tm.K, **res})
         print(f"wrote {args.json}")
     return 0
 
@@ -397,8 +410,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     spec = _spec(cfg)
     splits = _splits_arg(args.splits)
     t0 = time.perf_counter()
+    from .data.cache import writes_required
+
     if spec.generate is not None:
-        paths = spec.generate(cfg, splits)
+        with writes_required():  # an unwritable cache fails (exit 2), generating is for the cache
+            paths = spec.generate(cfg, splits)
     else:  # no cache files of its own: loading is the generation
         samples = spec.load(cfg, splits, False)
         paths = [f"{s}: {len(samples[s])} samples (task {spec.name!r} keeps no cache files)" for s in splits]
@@ -458,8 +474,11 @@ def cmd_benchmark_config(args: argparse.Namespace) -> int:
     print(f"  evaluate    {r['evaluate_ms']:10.2f} ms/sample")
     print(f"  memory      {r['peak_memory_mb']:10.1f} MiB ({r['memory_kind']})")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({**r, "config": cfg}, indent=2) + "\n")
+        try:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps({**r, "config": cfg}, indent=2) + "\n")
+        except OSError as exc:
+            raise ValueError(f"cannot write {args.json}: {exc.strerror or exc}") from None
         print(f"wrote {args.json}")
     return 0
 

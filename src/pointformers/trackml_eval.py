@@ -373,6 +373,24 @@ def output_paths(out: str | os.PathLike, name: str) -> tuple[Path, Path]:
     return d / f"{name}-tracks.csv", d / f"{name}-embeddings.npz"
 
 
+def check_writable_folder(folder: str | os.PathLike, target: str | os.PathLike | None = None) -> None:
+    """Create ``folder`` if needed and make sure a file can be written in it (before any work).
+
+    Raises ValueError ``"cannot write TARGET: reason"`` (``target`` defaults to ``folder``), e.g.
+    for a read-only folder or a path under a regular file.
+    """
+    import tempfile
+
+    folder = Path(folder)
+    target = folder if target is None else target
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise ValueError(f"cannot write {target}: {exc.strerror or exc}") from None
+
+
 def check_outputs(out: str | os.PathLike, names: Sequence[str], force: bool) -> None:
     """Refuse (ValueError naming ``--out``) when ``out`` is a file or, without ``force``, when an
     output file of one of the events ``names`` exists."""
@@ -384,6 +402,7 @@ def check_outputs(out: str | os.PathLike, names: Sequence[str], force: bool) -> 
     if existing and not force:
         raise ValueError(f"--out: {existing[0]} already exists ({len(existing)} of the {len(targets)} output files "
                          f"do); pass --force to overwrite")
+    check_writable_folder(out)
 
 
 def _write_outputs(tracks: Path, npz: Path, hit_id: np.ndarray, emb: np.ndarray, track_id: np.ndarray,
@@ -391,9 +410,14 @@ def _write_outputs(tracks: Path, npz: Path, hit_id: np.ndarray, emb: np.ndarray,
     from .files import atomic_write
 
     lines = "".join(f"{h},{t}\n" for h, t in zip(hit_id.tolist(), track_id.tolist()))
-    atomic_write(tracks, lambda f: f.write(("hit_id,track_id\n" + lines).encode()))
-    atomic_write(npz, lambda f: np.savez(f, hit_id=hit_id.astype(np.int64), embedding=emb.astype(np.float32),
-                                         track_id=track_id.astype(np.int64), dbscan_eps=np.float64(eps)))
+    target = tracks
+    try:
+        atomic_write(tracks, lambda f: f.write(("hit_id,track_id\n" + lines).encode()))
+        target = npz
+        atomic_write(npz, lambda f: np.savez(f, hit_id=hit_id.astype(np.int64), embedding=emb.astype(np.float32),
+                                             track_id=track_id.astype(np.int64), dbscan_eps=np.float64(eps)))
+    except OSError as exc:
+        raise ValueError(f"cannot write {target}: {exc.strerror or exc}") from None
 
 
 def predict_folder(tm: TrackingModel, folder: str | os.PathLike, out: str | os.PathLike, eps: float,
@@ -406,8 +430,7 @@ def predict_folder(tm: TrackingModel, folder: str | os.PathLike, out: str | os.P
 
     names, events = _read_events(folder, detectors, False, "--data")
     out = Path(out)
-    check_outputs(out, names, force)
-    out.mkdir(parents=True, exist_ok=True)
+    check_outputs(out, names, force)  # also creates ``out`` and checks it is writable
     written: list[Path] = []
     for i, (name, ev) in enumerate(events, start=1):
         t0 = time.perf_counter()

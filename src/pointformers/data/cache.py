@@ -8,13 +8,15 @@ see a partial file; a corrupted or truncated file is treated as a miss and regen
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import math
 import os
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -67,14 +69,44 @@ def load_arrays(path: str | os.PathLike, params: Mapping[str, Any]) -> dict[str,
         return None
 
 
+class CacheWriteError(OSError, ValueError):
+    """A cache file could not be written: ``"cannot write FILE: reason"``. An OSError (callers that
+    only cache opportunistically ignore it) and a ValueError (the CLI reports it in one line)."""
+
+
+@contextlib.contextmanager
+def writes_required() -> Iterator[None]:
+    """Within the block, :func:`cached_arrays` raises :class:`CacheWriteError` when it cannot
+    store an entry instead of silently going on uncached (``pointformers generate``: writing the
+    cache is the point)."""
+    token = _WRITES_REQUIRED.set(True)
+    try:
+        yield
+    finally:
+        _WRITES_REQUIRED.reset(token)
+
+
+_WRITES_REQUIRED: contextvars.ContextVar[bool] = contextvars.ContextVar("pointformers_cache_writes_required",
+                                                                        default=False)
+
+
 def save_arrays(path: str | os.PathLike, params: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
-    """Atomically write ``arrays`` plus the parameters to ``path``."""
+    """Atomically write ``arrays`` plus the parameters to ``path``.
+
+    Raises :class:`CacheWriteError` (``"cannot write FILE: reason"``) when the file or its folder
+    cannot be written.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if _PARAMS_KEY in arrays:
         raise ValueError(f"arrays: the key {_PARAMS_KEY!r} is reserved")
-    # atomic, and with the user's umask (a cache shared by a group stays readable)
-    atomic_write(path, lambda f: np.savez(f, **{_PARAMS_KEY: np.array(canonical_json(params))}, **arrays))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # atomic, and with the user's umask (a cache shared by a group stays readable)
+        atomic_write(path, lambda f: np.savez(f, **{_PARAMS_KEY: np.array(canonical_json(params))}, **arrays))
+    except CacheWriteError:
+        raise
+    except OSError as exc:
+        raise CacheWriteError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
 def cached_arrays(
@@ -99,7 +131,9 @@ def cached_arrays(
     try:
         save_arrays(path, params, arrays)
     except OSError:
-        pass  # a read-only or full disk must not stop generation; we just do not cache
+        if _WRITES_REQUIRED.get():
+            raise
+        # a read-only or full disk must not stop loading; we just do not cache
     return dict(arrays)
 
 
