@@ -150,6 +150,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg["out"] = str(out)
     spec = _spec(cfg)
     overwrite = bool(getattr(args, "overwrite", False))
+    if getattr(args, "accept_config_change", False) and not args.resume:
+        raise ValueError("--accept-config-change: only used with --resume")
     env = init_distributed(cfg["train"]["device"])
     lock = None
     try:
@@ -170,6 +172,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         res = fit(model, spec.build(cfg), samples["train"], samples["val"], TrainConfig(**cfg["train"]), out,
                   cfg["model"]["name"], cfg["model"]["options"], test=samples.get("test"), resume=args.resume,
                   extra={"config": cfg}, dist=env,
+                  accept_config_change=bool(getattr(args, "accept_config_change", False)),
                   on_start=lambda: _start_run_files(out, cfg, overwrite and not args.resume))
         if env.is_main:
             metric = cfg["train"]["metric"]
@@ -709,7 +712,12 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a model from a YAML config (single process or under torchrun)")
     _config_args(t, "YAML config (default: the demo's)")
     t.add_argument("--out", default=None, help="run folder (default: the config's 'out')")
-    t.add_argument("--resume", action="store_true", help="continue exactly from OUT/last.pt")
+    t.add_argument("--resume", action="store_true",
+                   help="continue exactly from OUT/last.pt; a config differing from the run's is refused (naming "
+                        "the keys), except a larger train.epochs")
+    t.add_argument("--accept-config-change", action="store_true",
+                   help="with --resume: continue with the new config even where it differs from the run's "
+                        "(recorded under config_changes in OUT/metrics.json)")
     t.add_argument("--overwrite", action="store_true",
                    help="start a new run in an OUT that holds one: its last.pt, best.pt and metrics.* are deleted "
                         "and config.yaml rewritten once the new run is set up, other files are kept (without "

@@ -10,6 +10,13 @@ model with :func:`pointformers.models.build`), ``epoch``, ``metric_name``, ``met
 and, for resumable ``last.pt`` files, ``optimizer``, ``scheduler``, ``generator``,
 ``torch_rng``, ``best_metric``, ``best_epoch``, ``history``.
 
+``sha256`` (written since issue 21) is a content hash of every other entry, computed by
+:func:`content_hash` over a canonical byte stream (keys in sorted order; tensors as dtype,
+shape and raw bytes; numbers and strings by exact ``repr``), so it does not depend on how
+:func:`torch.save` lays out the zip. :func:`load_checkpoint` recomputes it and refuses a file
+whose content changed (a flipped bit in a weight, say) with "content hash mismatch".
+Checkpoints written before the hash existed carry no ``sha256`` and load as before.
+
 Writes never leave a partial file at the destination: the bytes go to a temporary file in
 the same directory, are flushed and fsynced, and only then :func:`os.replace` puts it in
 place (atomic on POSIX and Windows within one file system). If anything fails on the way
@@ -18,6 +25,7 @@ removed and the previous file at the destination is untouched.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -37,6 +45,7 @@ __all__ = [
     "atomic_write",
     "save_checkpoint",
     "load_checkpoint",
+    "content_hash",
     "model_from_checkpoint",
     "write_json",
     "remove_stale_temporaries",
@@ -71,17 +80,52 @@ def remove_stale_temporaries(directory: str | os.PathLike, names: tuple[str, ...
     return removed
 
 
+def _feed(h: "hashlib._Hash", o: Any) -> None:
+    """Feed ``o`` to ``h`` as an unambiguous, layout-independent byte stream (type-tagged,
+    length-prefixed)."""
+    def put(tag: bytes, data: bytes) -> None:
+        h.update(tag + len(data).to_bytes(8, "little") + data)
+
+    if isinstance(o, torch.Tensor):
+        t = o.detach().to("cpu").contiguous()
+        put(b"T", f"{t.dtype}|{tuple(t.shape)}".encode())
+        put(b"B", t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(o, Mapping):
+        items = sorted(o.items(), key=lambda kv: (type(kv[0]).__name__, repr(kv[0])))
+        put(b"D", str(len(items)).encode())
+        for k, v in items:
+            _feed(h, k)
+            _feed(h, v)
+    elif isinstance(o, (list, tuple)):
+        put(b"L" if isinstance(o, list) else b"U", str(len(o)).encode())
+        for v in o:
+            _feed(h, v)
+    elif isinstance(o, torch.Generator):  # not expected in a checkpoint; hash its state
+        _feed(h, o.get_state())
+    else:  # None, bool, int, float (repr is exact), str, bytes, torch.dtype/device, ...
+        put(b"S", f"{type(o).__name__}:{o!r}".encode())
+
+
+def content_hash(checkpoint: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of every entry of ``checkpoint`` except ``sha256`` (see the module docstring)."""
+    h = hashlib.sha256()
+    _feed(h, {k: v for k, v in checkpoint.items() if k != "sha256"})
+    return h.hexdigest()
+
+
 def save_checkpoint(path: str | os.PathLike, checkpoint: Mapping[str, Any]) -> Path:
     """Atomically save ``checkpoint`` (a mapping; see the module docstring) to ``path``.
 
-    ``format`` and ``version`` keys are added. Raises ValueError if ``checkpoint`` is not a
-    mapping or has no ``model`` state_dict.
+    ``format``, ``version`` and ``sha256`` (:func:`content_hash`) keys are added. Raises
+    ValueError if ``checkpoint`` is not a mapping or has no ``model`` state_dict.
     """
     if not isinstance(checkpoint, Mapping):
         raise ValueError(f"checkpoint: expected a mapping, got {type(checkpoint).__name__}")
     if not isinstance(checkpoint.get("model"), Mapping):
         raise ValueError("checkpoint: needs a 'model' entry holding the model's state_dict")
-    obj = {"format": CHECKPOINT_FORMAT, "version": _VERSION, **checkpoint}
+    obj = {"format": CHECKPOINT_FORMAT, "version": _VERSION,
+           **{k: v for k, v in checkpoint.items() if k != "sha256"}}
+    obj["sha256"] = content_hash(obj)
     return atomic_write(path, lambda f: torch.save(obj, f))
 
 
@@ -91,8 +135,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
     Raises:
         CheckpointError (a ValueError) naming the file, if it does not exist, cannot be
-        read, is truncated/corrupted, is not a pointformers checkpoint, or lacks a key in
-        ``required``.
+        read, is truncated/corrupted, its content does not match its stored ``sha256``
+        ("content hash mismatch"), is not a pointformers checkpoint, or lacks a key in
+        ``required``. Files without ``sha256`` (written before it existed) are not checked.
     """
     path = Path(path)
     if not path.exists():
@@ -113,6 +158,14 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if int(obj.get("version", 0)) > _VERSION:
         raise CheckpointError(f"checkpoint {str(path)!r}: written by a newer format version "
                               f"{obj.get('version')} (this package reads <= {_VERSION})")
+    if "sha256" in obj:
+        try:
+            actual = content_hash(obj)
+        except Exception as exc:  # an entry the hash cannot walk: the file is not what we wrote
+            raise CheckpointError(f"checkpoint {str(path)!r}: content hash mismatch (corrupted?): "
+                                  f"cannot hash its content ({type(exc).__name__})") from exc
+        if actual != obj["sha256"]:
+            raise CheckpointError(f"checkpoint {str(path)!r}: content hash mismatch (corrupted?)")
     missing = [k for k in required if k not in obj]
     if missing:
         raise CheckpointError(f"checkpoint {str(path)!r}: missing entries {missing}")

@@ -229,9 +229,12 @@ class Trainer:
                  run_dir: str | os.PathLike, model_name: str, model_config: Mapping[str, Any],
                  test: Sequence[Any] | None = None, resume: bool = False, extra: Mapping[str, Any] | None = None,
                  log: Callable[[str], None] | None = print, dist: DistEnv | None = None,
-                 on_start: Callable[[], None] | None = None):
+                 on_start: Callable[[], None] | None = None, accept_config_change: bool = False):
         self.model, self.task, self.config = model, task, config
         self.on_start = on_start
+        self.accept_config_change = accept_config_change
+        #: Config changes taken at resumes: ``{"epoch", "changes": {key: [old, new]}, "accepted"}``.
+        self.config_changes: list[dict[str, Any]] = []
         self.train, self.val, self.test = train, val, test
         self.run_dir = Path(run_dir)
         self.model_name, self.model_config = model_name, dict(model_config)
@@ -288,6 +291,7 @@ class Trainer:
         ck = broadcast_object(env, ck)
         if ck is None:
             return
+        self.check_resume_config(ck)  # before anything is restored: a refusal changes nothing
         self.model.load_state_dict(ck["model"])
         self.optimizer.load_state_dict(ck["optimizer"])
         self.scheduler.load_state_dict(ck["scheduler"])
@@ -302,14 +306,62 @@ class Trainer:
                 restore_rng_state(ranks[env.rank] if env.rank < len(ranks) else ranks[0])
         elif "torch_rng" in ck:  # checkpoints of the first engine version
             torch.set_rng_state(ck["torch_rng"])
-        saved_bs = (ck.get("train_config") or {}).get("batch_size", config.batch_size)
-        if saved_bs != config.batch_size:
-            say(f"warning: resuming with batch_size {config.batch_size}, the checkpoint used {saved_bs}")
         self.history = list(ck.get("history", []))
         self.best_metric = float(ck.get("best_metric", float("nan")))
         self.best_epoch = int(ck.get("best_epoch", 0))
         self.start_epoch = int(ck["epoch"]) + 1
         say(f"resuming from {last_path} after epoch {self.start_epoch - 1}")
+        self.meta["config_changes"] = self.config_changes
+
+    def check_resume_config(self, ck: Mapping[str, Any]) -> None:
+        """Compare the run's stored config (``train_config``, ``model_name``, ``model_config`` of
+        ``last.pt``) with the one given now. More ``epochs`` is taken (the StepLR schedule does
+        not depend on the total); ``progress`` and ``tensorboard`` (display and logging only) are
+        ignored; any other difference raises ValueError listing the keys, unless
+        ``accept_config_change``. Taken changes are recorded in ``config_changes`` (kept in
+        ``last.pt`` and ``metrics.json``) and logged."""
+        self.config_changes = [dict(c) for c in ck.get("config_changes", [])]
+        stored = {}
+        for k, v in (ck.get("train_config") or {}).items():
+            stored[f"train.{k}"] = v
+        if "model_name" in ck:
+            stored["model.name"] = ck["model_name"]
+        for k, v in (ck.get("model_config") or {}).items():
+            stored[f"model.options.{k}"] = v
+        now = {f"train.{k}": v for k, v in asdict(self.config).items()}
+        now["model.name"] = self.model_name
+        now.update({f"model.options.{k}": v for k, v in self.model_config.items()})
+        ignored = {"train.progress", "train.tensorboard"}
+        missing = object()
+        keys = [k for k in stored if k not in ignored] + \
+               [k for k in now if k not in stored and k not in ignored and k.startswith("model.options.")]
+        diffs = {}
+        for k in keys:
+            old, new = stored.get(k, missing), now.get(k, missing)
+            if k not in stored or k not in now:
+                if k.startswith("model.options."):  # an option only one side names
+                    diffs[k] = (None if old is missing else old, None if new is missing else new)
+                continue  # a train field of another package version: nothing to compare
+            if _normalise(old) != _normalise(new):
+                diffs[k] = (old, new)
+        if not diffs:
+            return
+        epoch = int(ck.get("epoch", 0))
+        takeable = {k for k, (old, new) in diffs.items()
+                    if k == "train.epochs" and isinstance(old, int) and isinstance(new, int) and new > old}
+        refused = [k for k in diffs if k not in takeable]
+        if refused and not self.accept_config_change:
+            listed = ", ".join(f"{k} ({diffs[k][0]!r} -> {diffs[k][1]!r})" for k in refused)
+            raise ValueError(f"--resume: the config differs from the run's in {listed}; pass "
+                             f"--accept-config-change to resume with the new values anyway")
+        # "accepted": the keys taken only because of --accept-config-change
+        self.config_changes.append({"epoch": epoch, "changes": {k: [old, new] for k, (old, new) in diffs.items()},
+                                    "accepted": refused})
+        listed = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in diffs.items())
+        if refused:
+            self.say(f"warning: resuming with a changed config (--accept-config-change): {listed}")
+        else:
+            self.say(f"resuming with {listed}")
 
     def wrap_model(self) -> None:
         """Wrap the training module in DDP (under torchrun) and compile both modules if asked."""
@@ -442,7 +494,8 @@ class Trainer:
                                              "scheduler": self.scheduler.state_dict(), "generator": self.gen.get_state(),
                                              "rng": {"ranks": rng_states}, "best_metric": self.best_metric,
                                              "best_epoch": self.best_epoch, "history": self.history,
-                                             "train_config": asdict(config), "world_size": self.env.world_size})
+                                             "train_config": asdict(config), "world_size": self.env.world_size,
+                                             "config_changes": self.config_changes})
             self.write_logs()
             self.tb.log_epoch(row)
         self.say(f"epoch {epoch:>3}/{config.epochs}  loss {row['train_loss']:.4f}  val {config.metric} {value:.4f}"
@@ -495,6 +548,15 @@ class Trainer:
                            time.perf_counter() - t_start)
 
 
+def _normalise(v: Any) -> Any:
+    """Compare configs by value: tuples as lists, ints equal to floats (1 == 1.0)."""
+    if isinstance(v, Mapping):
+        return {str(k): _normalise(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_normalise(x) for x in v]
+    return v
+
+
 def fit(
     model: nn.Module,
     task: Task,
@@ -510,6 +572,7 @@ def fit(
     log: Callable[[str], None] | None = print,
     dist: DistEnv | None = None,
     on_start: Callable[[], None] | None = None,
+    accept_config_change: bool = False,
 ) -> TrainResult:
     """Train ``model`` on ``train`` (``config.batch_size`` samples per optimiser step).
 
@@ -523,7 +586,12 @@ def fit(
         model_name, model_config: stored in the checkpoints so
             :func:`pointformers.engine.model_from_checkpoint` can rebuild the model.
         resume: continue from ``run_dir/last.pt`` if it exists (same config and world size
-            give exactly the run that was not interrupted).
+            give exactly the run that was not interrupted). The stored train and model config
+            must match the given one, except a larger ``epochs`` (taken and recorded); any
+            other difference raises ValueError naming the keys (see
+            :meth:`Trainer.check_resume_config`).
+        accept_config_change: resume even when the config differs; the changes are recorded
+            under ``config_changes`` in ``metrics.json`` and ``last.pt`` and logged.
         extra: JSON-able run metadata stored in ``metrics.json`` and the checkpoints.
         log: called with one line per epoch on rank 0 (None = silent).
         dist: this process's place in a torchrun job (:func:`~.distributed.init_distributed`);
@@ -538,4 +606,5 @@ def fit(
         is not finite (nothing is written for that epoch).
     """
     return Trainer(model, task, train, val, config, run_dir, model_name, model_config, test=test, resume=resume,
-                   extra=extra, log=log, dist=dist, on_start=on_start).run()
+                   extra=extra, log=log, dist=dist, on_start=on_start,
+                   accept_config_change=accept_config_change).run()

@@ -1,0 +1,68 @@
+"""Checkpoint content hash (issue 21, "resume trusts everything"): ``save_checkpoint`` stores a
+SHA-256 of the content, ``load_checkpoint`` recomputes it and refuses a file whose content
+changed (one flipped byte inside a weight's storage) while older hash-less files still load."""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from pointformers.engine.checkpoint import CheckpointError, content_hash, load_checkpoint, save_checkpoint
+
+DATA = Path(__file__).parent / "data"
+MARK = 1.2345  # a weight value whose float32 bytes are easy to find in the file
+
+
+def _save(path: Path) -> Path:
+    w = torch.full((32,), MARK, dtype=torch.float32)
+    save_checkpoint(path, {"model": {"w": w, "b": torch.arange(3.0)}, "epoch": 3, "history": [{"a": 1.5}]})
+    return path
+
+
+def test_saved_checkpoint_carries_a_matching_hash(tmp_path: Path) -> None:
+    ck = load_checkpoint(_save(tmp_path / "a.pt"))
+    assert isinstance(ck["sha256"], str) and len(ck["sha256"]) == 64
+    assert ck["sha256"] == content_hash(ck)
+    # the hash covers the content, not the zip layout: the same content saved twice hashes the same
+    assert load_checkpoint(_save(tmp_path / "b.pt"))["sha256"] == ck["sha256"]
+
+
+def test_flipped_byte_in_a_weight_is_a_hash_mismatch(tmp_path: Path) -> None:
+    path = _save(tmp_path / "ck.pt")
+    data = bytearray(path.read_bytes())
+    pattern = struct.pack("<f", MARK) * 32
+    assert data.count(pattern) == 1
+    i = data.find(pattern)
+    data[i + 4 * 5 + 1] ^= 0x01  # weight 5's mantissa: a slightly different float, the zip still reads
+    path.write_bytes(bytes(data))
+    raw = torch.load(path, weights_only=True)  # the file is readable, only its content changed
+    assert raw["model"]["w"][5].item() != pytest.approx(MARK, abs=0, rel=0) and raw["model"]["w"][4] == raw["model"]["w"][6]
+    with pytest.raises(CheckpointError, match=r"ck\.pt.*content hash mismatch \(corrupted\?\)"):
+        load_checkpoint(path)
+
+
+def test_changed_entry_is_a_hash_mismatch(tmp_path: Path) -> None:
+    path = _save(tmp_path / "ck.pt")
+    ck = torch.load(path, weights_only=True)
+    ck["epoch"] = 4  # edited by hand, hash kept
+    torch.save(ck, path)
+    with pytest.raises(CheckpointError, match="content hash mismatch"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("checkpoint_v*.pt")))
+def test_old_checkpoints_without_hash_still_load(name: str) -> None:
+    ck = load_checkpoint(DATA / name)
+    assert "sha256" not in ck
+
+
+def test_hash_distinguishes_dtype_shape_and_structure() -> None:
+    base = {"model": {"w": torch.zeros(4)}}
+    variants = [{"model": {"w": torch.zeros(2, 2)}}, {"model": {"w": torch.zeros(4, dtype=torch.float64)}},
+                {"model": {"w": torch.zeros(4)}, "x": None}, {"model": {"w": torch.zeros(4)}, "x": [1]},
+                {"model": {"w": torch.zeros(4)}, "x": (1,)}, {"model": {"w": torch.zeros(4)}, "x": "1"}]
+    hashes = {content_hash(v) for v in variants}
+    assert len(hashes) == len(variants) and content_hash(base) not in hashes
+    assert content_hash({**base, "sha256": "whatever"}) == content_hash(base)
