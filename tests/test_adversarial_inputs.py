@@ -43,3 +43,24 @@ def test_wrong_input_dtype_is_named(name):
     attn = build(name, dim=32, heads=4, **OPTIONS[name]).eval()
     with pytest.raises(ValueError, match=r"x: dtype torch.float64 does not match the module's parameters"):
         attn(torch.randn(1, 20, 32, dtype=torch.float64), torch.rand(1, 20, 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_magnitudes_beyond_the_documented_range_are_refused(name):
+    """Up to 1e15 (float32) every mechanism's output is finite; beyond, the input check says so
+    (SFT stays finite further and checks less)."""
+    from pointformers.nn.model_inputs import MAX_MAGNITUDE
+
+    attn = build(name, dim=32, heads=4, **OPTIONS[name]).eval()
+    g = torch.Generator().manual_seed(0)
+    x, pos = torch.randn(1, 40, 32, generator=g), torch.rand(1, 40, 3, generator=g)
+    limit = MAX_MAGNITUDE[torch.float32]
+    y = attn(x.clamp(-1, 1) * limit, pos * limit)
+    assert bool(torch.isfinite(y).all())
+    big = pos.clone()
+    big[0, 7, 1] = 1e30
+    if name == "sft":
+        assert bool(torch.isfinite(attn(x, big)).all())
+    else:
+        with pytest.raises(ValueError, match=r"pos has values up to 1e\+30 at real points"):
+            attn(x, big)

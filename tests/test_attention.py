@@ -204,9 +204,11 @@ def test_finite_check_survives_overflowing_sums_and_nan_padding():
     padding must fall back to the exact check at real points, not raise."""
     from pointformers.attention.base import check_attention_inputs
 
-    x = torch.full((1, 4, 3), 3e38)                     # finite, but the float32 sum overflows
+    x = torch.full((1, 4, 3), 3e38)                     # finite, but beyond the range mechanisms keep finite
     mask = torch.ones(1, 4, dtype=torch.bool)
-    assert check_attention_inputs(x, None, mask, dim=3).all()
+    with pytest.raises(ValueError, match=r"x has values up to 3e\+38 at real points"):
+        check_attention_inputs(x, None, mask, dim=3)
+    assert check_attention_inputs(x.double(), None, mask, dim=3).all()  # float64's range is wider
     x2 = torch.randn(2, 5, 3)
     x2[1, 4] = float("nan")                              # padding may hold anything
     mask2 = torch.ones(2, 5, dtype=torch.bool)

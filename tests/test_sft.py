@@ -486,7 +486,9 @@ def test_fast_path_keeps_the_input_checks():
             blk(x, None, torch.ones(2, 10))
         with pytest.raises(ValueError, match="pos"):
             blk(x, torch.randn(2, 9, 3))
-        blk.mixer(torch.full((1, 4, DIM), 3e38))        # finite, but its sum overflows: accepted, no error
+        blk.mixer(torch.full((1, 4, DIM), 1e15))        # finite, within the documented range: accepted
+        with pytest.raises(ValueError, match=r"values up to 3e\+38"):  # finite, but beyond it: named
+            blk.mixer(torch.full((1, 4, DIM), 3e38))
         y = x.clone()
         blk(y)
         assert torch.equal(y, x)                         # the caller's tensor is never written in place
