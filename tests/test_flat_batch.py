@@ -139,3 +139,13 @@ def test_point_models_take_flat_batches(name):
         ref = model(x, pos, mask, **kw)
         out = model(torch.cat(xs) if xs else None, torch.cat(ps), batch=batch, **kw)
     torch.testing.assert_close(out, ref[mask] if per_point else ref, rtol=1e-10, atol=1e-10)
+
+
+def test_a_failing_call_leaves_no_layout_behind():
+    attn = build("full", dim=8, heads=2)
+    for _ in range(3):
+        with pytest.raises(ValueError, match="empty"):
+            attn(torch.randn(1, 4, 8), mask=torch.zeros(1, 4, dtype=torch.bool))
+    assert attn._flat_layouts == []
+    x, b = torch.randn(5, 8), torch.tensor([0, 0, 1, 1, 1])
+    assert attn(x, batch=b).shape == (5, 8)

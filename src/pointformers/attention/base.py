@@ -121,7 +121,7 @@ def _flat_to_padded(module, args, kwargs):
 
 def _padded_to_flat(module, args, kwargs, output):
     layout = module._flat_layouts.pop()
-    return output if layout is None else layout.unpad(output)
+    return output if layout is None or output is None else layout.unpad(output)
 
 
 class TokenMixer(nn.Module):
@@ -145,7 +145,8 @@ class TokenMixer(nn.Module):
         super().__init__()
         # PyG-style flat input (x (N, D), batch= or ptr=): converted to the padded layout around forward
         self.register_forward_pre_hook(_flat_to_padded, with_kwargs=True)
-        self.register_forward_hook(_padded_to_flat, with_kwargs=True)
+        # always_call: the layout is popped even when forward raises (no stale entry left behind)
+        self.register_forward_hook(_padded_to_flat, with_kwargs=True, always_call=True)
         if not isinstance(dim, int) or dim < 1:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
         if not isinstance(heads, int) or heads < 1:
