@@ -95,12 +95,16 @@ MAX_MAGNITUDE = {torch.float32: 1e15, torch.bfloat16: 1e15, torch.float64: 1e100
 def _check_values(t: torch.Tensor, mask: torch.Tensor, name: str, who: str) -> None:
     """t (B, N, ·) must be finite and within :data:`MAX_MAGNITUDE` at every real point of mask.
 
-    One streaming reduction over all of t first (|t|'s maximum is NaN or inf if any entry is, and
-    bounds every entry); only when it fails, which padding (which may hold anything) can cause,
+    One streaming reduction over all of t first (its min and max are NaN or inf if any entry is,
+    and bound every entry); only when it fails, which padding (which may hold anything) can cause,
     are the real points looked at one by one.
     """
     limit = MAX_MAGNITUDE.get(t.dtype)
-    top = t.abs().amax() if t.numel() else t.new_zeros(())
+    if t.numel():  # min and max in one pass without an |t| copy; NaN propagates into both
+        lo, hi = torch.aminmax(t)
+        top = torch.maximum(-lo, hi)
+    else:
+        top = t.new_zeros(())
     if bool(torch.isfinite(top)) and (limit is None or float(top) <= limit):
         return
     real = t[mask]
