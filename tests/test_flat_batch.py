@@ -149,3 +149,12 @@ def test_a_failing_call_leaves_no_layout_behind():
     assert attn._flat_layouts == []
     x, b = torch.randn(5, 8), torch.tensor([0, 0, 1, 1, 1])
     assert attn(x, batch=b).shape == (5, 8)
+
+
+def test_a_refused_flat_index_leaves_no_layout_behind():
+    attn = build("full", dim=8, heads=2)
+    with pytest.raises(ValueError, match="sorted"):
+        attn(torch.randn(4, 8), batch=torch.tensor([0, 1, 0, 1]))
+    with pytest.raises(ValueError, match="dtype"):
+        attn(torch.randn(1, 4, 8, dtype=torch.float64))
+    assert attn._flat_layouts == []

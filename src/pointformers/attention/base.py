@@ -90,11 +90,12 @@ def _check_dtype(module, x) -> None:
 def _flat_to_padded(module, args, kwargs):
     """Forward pre-hook: ``mixer(x (N, D), pos (N, P), batch=b | ptr=p)`` becomes the padded call
     ``mixer(x (B, n, D), pos (B, n, P), mask (B, n))``; the layout is kept for the output hook."""
+    # pushed first: the output hook (always called) pops one entry even when this hook raises
+    module._flat_layouts.append(None)
     batch, ptr = kwargs.pop("batch", None), kwargs.pop("ptr", None)
     x = args[0] if args else kwargs.get("x")
     _check_dtype(module, x)
     if batch is None and ptr is None and not (isinstance(x, torch.Tensor) and x.dim() == 2):
-        module._flat_layouts.append(None)
         return args, kwargs
     from ..data.batch import flat_layout
 
@@ -115,7 +116,7 @@ def _flat_to_padded(module, args, kwargs):
                              f"{tuple(pos.shape) if isinstance(pos, torch.Tensor) else type(pos).__name__}")
         call["pos"] = layout.pad(pos)
     call["mask"] = layout.mask()
-    module._flat_layouts.append(layout)
+    module._flat_layouts[-1] = layout
     return (), call
 
 

@@ -101,13 +101,13 @@ def _check_values(t: torch.Tensor, mask: torch.Tensor, name: str, who: str) -> N
     """
     limit = MAX_MAGNITUDE.get(t.dtype)
     if t.numel():  # min and max in one pass without an |t| copy; NaN propagates into both
-        lo, hi = torch.aminmax(t)
+        lo, hi = torch.aminmax(t.detach())
         top = torch.maximum(-lo, hi)
     else:
         top = t.new_zeros(())
     if bool(torch.isfinite(top)) and (limit is None or float(top) <= limit):
         return
-    real = t[mask]
+    real = t.detach()[mask]
     if not bool(torch.isfinite(real).all()):
         raise ValueError(f"{who}: {name} contains NaN or inf at real points")
     if limit is not None and real.numel() and float(real.abs().max()) > limit:
