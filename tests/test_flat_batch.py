@@ -100,7 +100,8 @@ def test_models_take_flat_batches(name, options):
     (x, mask), (c, _) = pad_clouds(xs), pad_clouds(cs)
     with torch.no_grad():
         ref = model(x, c, mask)[mask]
-        torch.testing.assert_close(model(torch.cat(xs), torch.cat(cs), batch=batch), ref, rtol=0, atol=0)
+        # HEPT models pack the clouds (other GEMM row counts): equal to float64 rounding
+        torch.testing.assert_close(model(torch.cat(xs), torch.cat(cs), batch=batch), ref, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="no padding"):
         model(torch.cat(xs), torch.cat(cs), torch.ones(len(batch), dtype=torch.bool), batch=batch)
 
@@ -158,3 +159,93 @@ def test_a_refused_flat_index_leaves_no_layout_behind():
     with pytest.raises(ValueError, match="dtype"):
         attn(torch.randn(1, 4, 8, dtype=torch.float64))
     assert attn._flat_layouts == []
+
+
+# ---------------------------------------------------------------- HEPT packs flat clouds
+PACK_SIZES = (37, 100, 5, 61)  # with block_size 16: packed width 48 + 112 + 16 + 64 = 240, padded 4 × 112 = 448
+
+
+def _pack_inputs(dim, coord_dim, sizes=PACK_SIZES, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(n, dim, generator=g, dtype=torch.float64) for n in sizes]
+    ps = [torch.randn(n, coord_dim, generator=g, dtype=torch.float64) for n in sizes]
+    return xs, ps, torch.cat([torch.full((n,), i) for i, n in enumerate(sizes)])
+
+
+def test_packed_layout_pads_each_cloud_to_a_block_multiple_only():
+    from pointformers.data.batch import packed_layout
+
+    batch = torch.cat([torch.full((n,), i) for i, n in enumerate(PACK_SIZES)])
+    lay = packed_layout(len(batch), batch=batch, multiple=16)
+    assert lay.n_packed == 240 and lay.segments == ((0, 48), (48, 160), (160, 176), (176, 240))
+    t = torch.arange(float(len(batch)))[:, None]
+    torch.testing.assert_close(lay.unpad(lay.pad(t)), t)
+    m = lay.mask()[0]
+    for (s, e), n in zip(lay.segments, PACK_SIZES):  # real points first in each segment, then padding
+        assert m[s:s + n].all() and not m[s + n:e].any()
+    with pytest.raises(ValueError, match="multiple"):
+        packed_layout(3, multiple=0)
+
+
+@pytest.mark.parametrize("implementation", ["fused", "materialized"])
+def test_hept_flat_input_is_packed_and_each_cloud_as_alone(implementation, monkeypatch):
+    """Each cloud's output and input gradient equal its own single-cloud call's, and the block attention
+    runs on the packed width (Σ ceil(n/b)·b rows), not B × the largest cloud."""
+    from pointformers.attention.hept_regions import HEPTRegions
+
+    torch.manual_seed(0)
+    attn = build("hept", dim=32, heads=4, coord_dim=3, block_size=16, num_regions=4,
+                 implementation=implementation).double()
+    xs, ps, batch = _pack_inputs(32, 3)
+    widths = []
+    real_forward = HEPTRegions.forward
+    monkeypatch.setattr(HEPTRegions, "forward", lambda self, pos, mask, *a, **k: widths.append(tuple(mask.shape))
+                        or real_forward(self, pos, mask, *a, **k))
+    x = torch.cat(xs).requires_grad_(True)
+    y = attn(x, torch.cat(ps), batch=batch)
+    assert widths == [(1, 240)]
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    (y * w).sum().backward()
+    start = 0
+    for xc, pc in zip(xs, ps):
+        n = xc.shape[0]
+        xc = xc.clone().requires_grad_(True)
+        yc = attn(xc, pc)
+        (yc * w[start:start + n]).sum().backward()
+        torch.testing.assert_close(y[start:start + n], yc, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(x.grad[start:start + n], xc.grad, rtol=1e-10, atol=1e-12)
+        start += n
+
+
+def test_hept_models_pack_flat_input(monkeypatch):
+    from pointformers import models
+    from pointformers.attention.hept_regions import HEPTRegions
+
+    torch.manual_seed(0)
+    model = models.build("hept-tracking", heads=2, n_layers=2, block_size=16, num_regions=4, mlp_hidden=16,
+                         mlp_layers=2, dropout=0.0).double().eval()
+    xs, cs, batch = _pack_inputs(model.in_dim, model.coord_dim)
+    widths = []
+    real_forward = HEPTRegions.forward
+    monkeypatch.setattr(HEPTRegions, "forward", lambda self, pos, mask, *a, **k: widths.append(tuple(mask.shape))
+                        or real_forward(self, pos, mask, *a, **k))
+    with torch.no_grad():
+        y = model(torch.cat(xs), torch.cat(cs), batch=batch)
+        assert widths == [(1, 240)]  # once per forward (shared by the layers), on the packed row
+        (x, mask), (c, _) = pad_clouds(xs), pad_clouds(cs)
+        torch.testing.assert_close(y, model(x, c, mask)[mask], rtol=1e-12, atol=1e-12)
+
+
+def test_packed_clouds_are_refused_by_a_mechanism_that_would_mix_them():
+    from pointformers.attention import ForwardContext
+
+    x, pos, mask = torch.randn(1, 32, 8), torch.randn(1, 32, 3), torch.ones(1, 32, dtype=torch.bool)
+    ctx = ForwardContext(pos, mask, segments=((0, 16), (16, 32)))
+    knn = build("knn", dim=8, heads=2, k=2, coord_dim=3)
+    with pytest.raises(ValueError, match="packed in one row"):
+        knn(x, pos, mask, context=ctx)
+    hept = build("hept", dim=8, heads=2, coord_dim=3, block_size=16, num_regions=4)
+    with pytest.raises(ValueError, match="segments: expected consecutive"):
+        hept(x, pos, mask, context=ForwardContext(pos, mask, segments=((0, 10), (10, 32))))
+    with pytest.raises(ValueError, match="context: flat input"):
+        hept(x[0], pos[0], batch=torch.zeros(32, dtype=torch.long), context=ctx)

@@ -46,14 +46,19 @@ class ForwardContext:
 
     Args:
         pos: (B, N, P) coordinates every layer sees (or None); mask: (B, N) real points (or None).
+        segments: several clouds packed end to end in one row (B = 1): the (start, end) rows of
+            each (:class:`~pointformers.data.batch.PackedLayout`); None (default): one cloud per
+            row. Only mechanisms with ``packs_clouds`` accept it (:meth:`TokenMixer.prepared`
+            refuses it for the others); a model packs only when all its mixers do.
         **inputs: further inputs of the forward pass that a mechanism reads in every layer (in
             :attr:`inputs`; SFT's ``edge_attr``), so that blocks pass nothing but the context.
     A mixer asks for its prepared state with :meth:`TokenMixer.prepared`; the first layer with a
     given :meth:`~TokenMixer.prepare_key` computes it, the others reuse it.
     """
 
-    def __init__(self, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None, **inputs):
-        self.pos, self.mask = pos, mask
+    def __init__(self, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                 segments: tuple[tuple[int, int], ...] | None = None, **inputs):
+        self.pos, self.mask, self.segments = pos, mask, segments
         self.inputs: dict = inputs
         self._store: dict = {}
 
@@ -97,8 +102,6 @@ def _flat_to_padded(module, args, kwargs):
     _check_dtype(module, x)
     if batch is None and ptr is None and not (isinstance(x, torch.Tensor) and x.dim() == 2):
         return args, kwargs
-    from ..data.batch import flat_layout
-
     names = ("x", "pos", "mask", "context")
     call = dict(zip(names, args), **kwargs)
     x = call.get("x")
@@ -107,7 +110,10 @@ def _flat_to_padded(module, args, kwargs):
                          f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     if call.get("mask") is not None:
         raise ValueError("mask: flat input (x (N, D) with batch= or ptr=) has no padding; give no mask")
-    layout = flat_layout(x.shape[0], batch, ptr, device=x.device)
+    if call.get("context") is not None:
+        raise ValueError("context: flat input (batch= or ptr=) builds its own context; give none "
+                         "(a model hands its layers padded or packed input with a context)")
+    layout = module.flat_input_layout(x.shape[0], batch, ptr, x.device)
     call["x"] = layout.pad(x)
     if call.get("pos") is not None:
         pos = call["pos"]
@@ -116,6 +122,9 @@ def _flat_to_padded(module, args, kwargs):
                              f"{tuple(pos.shape) if isinstance(pos, torch.Tensor) else type(pos).__name__}")
         call["pos"] = layout.pad(pos)
     call["mask"] = layout.mask()
+    segments = getattr(layout, "segments", None)
+    if segments is not None:  # clouds packed in one row: the mechanism keeps them apart
+        call["context"] = ForwardContext(call.get("pos"), call["mask"], segments=segments)
     module._flat_layouts[-1] = layout
     return (), call
 
@@ -133,6 +142,10 @@ class TokenMixer(nn.Module):
 
     #: Export mode (see :func:`set_exportable`): the forward pass takes the mechanism's static-graph path.
     exportable: bool = False
+
+    #: The mechanism keeps clouds packed end to end in one row apart (``ForwardContext.segments``),
+    #: so flat input is packed (:meth:`flat_input_layout`) instead of padded to the largest cloud.
+    packs_clouds: bool = False
 
     @property
     def _flat_layouts(self) -> list:
@@ -154,6 +167,15 @@ class TokenMixer(nn.Module):
             raise ValueError(f"heads must be a positive int, got {heads!r}")
         self.dim = dim
         self.heads = heads
+
+    def flat_input_layout(self, n: int, batch: torch.Tensor | None, ptr: torch.Tensor | None,
+                          device: torch.device):
+        """How flat input ``(N, D)`` with ``batch``/``ptr`` is laid out for the padded forward:
+        default every cloud padded to the largest (:func:`~pointformers.data.batch.flat_layout`);
+        a mechanism with ``packs_clouds`` returns a :class:`~pointformers.data.batch.PackedLayout`."""
+        from ..data.batch import flat_layout
+
+        return flat_layout(n, batch, ptr, device=device)
 
     @staticmethod
     def zero_padding(y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -249,6 +271,11 @@ class TokenMixer(nn.Module):
             return self.prepare(pos, mask)
         if not isinstance(context, ForwardContext):
             raise ValueError(f"context: expected a pointformers.attention.ForwardContext, got {type(context).__name__}")
+        if context.segments is not None:
+            if not self.packs_clouds:
+                raise ValueError(f"context: clouds packed in one row (segments) reach {type(self).__name__}, which "
+                                 "does not keep them apart; pad the clouds instead (one per row)")
+            return context.get(self.prepare_key(), lambda: self.prepare(pos, mask, segments=context.segments))
         return context.get(self.prepare_key(), lambda: self.prepare(pos, mask))
 
     # ---------------------------------------------------------------- export

@@ -37,6 +37,15 @@ def masked_range(lq: torch.Tensor, lk: torch.Tensor, mask: torch.Tensor) -> torc
     return (hi - lo).unsqueeze(-1)
 
 
+def sort_keys(lq: torch.Tensor, lk: torch.Tensor, codes: torch.Tensor, mask: torch.Tensor):
+    """HEPT's sort keys T = L + Δ·c of queries and keys, +inf at padded rows (sorted last).
+    lq, lk (B, nh, T, Np) base hashes, codes (B, nh, T, Np) region codes, mask (B, Np) -> tq, tk."""
+    delta = masked_range(lq, lk, mask)  # (B, nh, T, 1)
+    offset = codes.to(lq.dtype) * delta
+    pad = ~mask[:, None, None, :]
+    return (lq + offset).masked_fill_(pad, float("inf")), (lk + offset).masked_fill_(pad, float("inf"))
+
+
 def authors_argsort(keys: torch.Tensor, ctx: HEPTContext) -> torch.Tensor:
     """Sort order of each cloud's keys by ``torch.argsort`` (PyTorch's default sort, as the authors'
     code), over the cloud's own ``ctx.lengths[b]`` rows only, so that ties break as in their code
@@ -157,11 +166,28 @@ class HEPTAttention(KernelAttention):
         # (the authors' duplicate padding) under it.
         return (self.regions_module, "export") if self.exportable else self.regions_module
 
-    def prepare(self, pos: torch.Tensor, mask: torch.Tensor | None = None) -> HEPTContext:
-        """Region codes and padding layout for ``pos`` (B, N, c); shared by layers with the same regions."""
+    #: Clouds packed end to end in one row stay apart: each cloud's region codes, hash range Δ and
+    #: sorts are its own, and its segment is a whole number of blocks (see :meth:`sort_orders`).
+    packs_clouds = True
+
+    def flat_input_layout(self, n, batch, ptr, device):
+        """Flat input is packed (:func:`~pointformers.data.batch.packed_layout`): each cloud padded
+        to a multiple of ``block_size`` only, not to the largest cloud. Export mode: padded."""
+        if self.exportable or is_tracing():
+            return super().flat_input_layout(n, batch, ptr, device)
+        from ..data.batch import packed_layout
+
+        return packed_layout(n, batch, ptr, multiple=self.block_size, device=device)
+
+    def prepare(self, pos: torch.Tensor, mask: torch.Tensor | None = None,
+                segments: tuple[tuple[int, int], ...] | None = None) -> HEPTContext:
+        """Region codes and padding layout for ``pos`` (B, N, c); shared by layers with the same regions.
+        ``segments``: clouds packed in one row (B = 1), see :class:`~.base.ForwardContext`."""
         if mask is None:
             mask = torch.ones(pos.shape[:2], dtype=torch.bool, device=pos.device)
-        return self.regions_module(pos, mask, pad=not self.exportable)
+        if segments is not None and self.exportable:
+            raise ValueError("context: packed clouds (segments) have no export-mode path; pad the clouds")
+        return self.regions_module(pos, mask, pad=not self.exportable, segments=segments)
 
     def sort_orders(self, qa: torch.Tensor, ka: torch.Tensor, ctx: HEPTContext, heads: list[int]):
         """Per-table sort orders of the heads ``heads`` (nh of them) at once.
@@ -178,11 +204,16 @@ class HEPTAttention(KernelAttention):
             nh = len(heads)
             lq = torch.bmm(qa.transpose(0, 1), alpha).view(nh, B, Np, -1).permute(1, 0, 3, 2)  # (B, nh, T, Np)
             lk = torch.bmm(ka.transpose(0, 1), alpha).view(nh, B, Np, -1).permute(1, 0, 3, 2)
-            delta = masked_range(lq, lk, ctx.mask)  # (B, nh, T, 1)
-            offset = ctx.codes[:, :, heads].transpose(1, 2).to(qa.dtype) * delta
-            pad = ~ctx.mask[:, None, None, :]
-            tq = (lq + offset).masked_fill_(pad, float("inf"))
-            tk = (lk + offset).masked_fill_(pad, float("inf"))
+            codes = ctx.codes[:, :, heads].transpose(1, 2)  # (B, nh, T, Np)
+            if ctx.segments is not None:  # packed clouds: each segment keyed and sorted alone, in place
+                if ctx.authors_sort or B != 1:
+                    raise ValueError("packed clouds (segments) need one row and the stable sort")
+                parts = [sort_keys(lq[..., s:e], lk[..., s:e], codes[..., s:e], ctx.mask[:, s:e])
+                         for s, e in ctx.segments]
+                iq = torch.cat([stable_argsort(tq).add_(s) for (tq, _), (s, _) in zip(parts, ctx.segments)], -1)
+                ik = torch.cat([stable_argsort(tk).add_(s) for (_, tk), (s, _) in zip(parts, ctx.segments)], -1)
+                return iq, ik
+            tq, tk = sort_keys(lq, lk, codes, ctx.mask)
             base = torch.arange(B, device=qa.device).view(B, 1, 1, 1) * Np
             if ctx.authors_sort:
                 iq, ik = authors_argsort(tq, ctx), authors_argsort(tk, ctx)

@@ -56,6 +56,8 @@ class HEPTContext:
             theirs are; a tie straddling a block boundary decides which copy's output is kept.
         lengths: (B,) rows of each cloud (its first ``lengths[b]`` rows are real); needed with
             ``authors_sort`` and more than one cloud.
+        segments: clouds packed end to end in one row (B = 1): their (start, end) rows, each a
+            whole number of blocks; codes, hash ranges and sorts are computed per segment.
     """
 
     mask: torch.Tensor
@@ -64,6 +66,7 @@ class HEPTContext:
     block_size: int
     authors_sort: bool = False
     lengths: torch.Tensor | None = None
+    segments: tuple[tuple[int, int], ...] | None = None
 
     @property
     def n_padded(self) -> int:
@@ -218,13 +221,24 @@ class HEPTRegions(nn.Module):
                           n_points=P, block_size=self.block_size, authors_sort=True, lengths=lengths)
         return rows, pmask, ctx
 
-    def forward(self, pos: torch.Tensor, mask: torch.Tensor, pad: bool = True) -> HEPTContext:
+    def forward(self, pos: torch.Tensor, mask: torch.Tensor, pad: bool = True,
+                segments: tuple[tuple[int, int], ...] | None = None) -> HEPTContext:
         """pos (B, N, c ≥ 2) with η, φ in columns 0, 1; mask (B, N) -> :class:`HEPTContext`.
 
         ``pad``: extend the layout to a multiple of the block size (the training path's blocks);
-        False for the export path, which cuts blocks by index arithmetic instead."""
+        False for the export path, which cuts blocks by index arithmetic instead.
+        ``segments``: clouds packed in one row (B = 1; :class:`~pointformers.data.batch.PackedLayout`),
+        each segment a multiple of the block size; each cloud's codes are its own, as if alone."""
         B, N = mask.shape
         b = self.block_size
+        if segments is not None:
+            if B != 1 or not segments or segments[0][0] != 0 or segments[-1][1] != N or any(
+                    (e - s) % b or s != prev for (s, e), prev in zip(segments, [0] + [e for _, e in segments])):
+                raise ValueError(f"segments: expected consecutive (start, end) rows covering the one packed row of "
+                                 f"{N} in multiples of block_size {b}, got {len(segments)} segment(s) for "
+                                 f"{B} row(s)")
+            codes = torch.cat([self.codes(pos[:, s:e], mask[:, s:e]) for s, e in segments], -1)
+            return HEPTContext(mask=mask, codes=codes, n_points=N, block_size=b, segments=tuple(segments))
         Np = -(-N // b) * b if pad else N
         codes = self.codes(pos, mask)
         if pad and Np != N:

@@ -102,6 +102,53 @@ def flat_layout(n: int, batch: torch.Tensor | None = None, ptr: torch.Tensor | N
     return FlatLayout(cloud, slot, int(counts.numel()), int(counts.max()) if n else 0)
 
 
+class PackedLayout:
+    """Clouds of a flat ``(N, ·)`` batch laid end to end in ONE padded row ``(1, P, ·)``, each cloud
+    padded only to a multiple of ``multiple`` (HEPT's block size), instead of every cloud to the
+    largest one: P = Σ ceil(n_b / multiple)·multiple.
+
+    Built by :func:`packed_layout`. ``row`` (N,) is each point's position in the packed row;
+    ``segments`` the (start, end) rows of each cloud (python ints, end − start a multiple of
+    ``multiple``; real points first, then padding). Only a mechanism that keeps clouds apart inside
+    a row (``packs_clouds``, e.g. HEPT, whose sorts and blocks stay within a segment) may be given it.
+    """
+
+    def __init__(self, row: torch.Tensor, segments: tuple[tuple[int, int], ...], n_packed: int):
+        self.row, self.segments, self.n_packed = row, segments, n_packed
+        self.n_clouds = len(segments)
+
+    def pad(self, t: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """(N, ·) -> (1, P, ·)."""
+        out = t.new_full((1, self.n_packed, *t.shape[1:]), fill)
+        out[0, self.row] = t
+        return out
+
+    def mask(self) -> torch.Tensor:
+        """(1, P) bool, True at real points."""
+        m = torch.zeros(1, self.n_packed, dtype=torch.bool, device=self.row.device)
+        m[0, self.row] = True
+        return m
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        """(1, P, ·) -> (N, ·), in the flat input's order."""
+        return padded[0, self.row]
+
+
+def packed_layout(n: int, batch: torch.Tensor | None = None, ptr: torch.Tensor | None = None,
+                  multiple: int = 1, device: torch.device | None = None) -> PackedLayout:
+    """The :class:`PackedLayout` of ``n`` flat points grouped by ``batch`` or ``ptr`` (validated as
+    in :func:`flat_layout`), each cloud padded to a multiple of ``multiple`` rows."""
+    if not isinstance(multiple, int) or multiple < 1:
+        raise ValueError(f"multiple: expected a positive int, got {multiple!r}")
+    flat = flat_layout(n, batch, ptr, device=device)
+    counts = torch.bincount(flat.cloud, minlength=flat.n_clouds)
+    lengths = (counts + multiple - 1) // multiple * multiple
+    starts = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+    bounds = starts.tolist()
+    segments = tuple((bounds[b], bounds[b + 1]) for b in range(flat.n_clouds))
+    return PackedLayout(starts[flat.cloud] + flat.slot, segments, bounds[-1])
+
+
 def run_flat(fn, x: torch.Tensor, pos: torch.Tensor, batch: torch.Tensor | None = None,
              ptr: torch.Tensor | None = None) -> torch.Tensor:
     """``fn(x (B, n, F), pos (B, n, P), mask (B, n)) -> (B, n, ·)`` called on flat inputs x (N, F),
@@ -128,9 +175,7 @@ def run_flat_points(fn, x: torch.Tensor | None, pos: torch.Tensor, batch: torch.
     if x is not None and (not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] != pos.shape[0]):
         raise ValueError(f"x: with flat pos ({pos.shape[0]}, P) expected ({pos.shape[0]}, F) features, got "
                          f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-    layout = flat_layout(pos.shape[0], batch, ptr, device=pos.device)
-    out = fn(None if x is None else layout.pad(x), layout.pad(pos), layout.mask(), **kwargs)
-    return layout.unpad(out) if per_point else out
+    return run_flat_inputs(fn, {"x": x, "pos": pos}, batch, ptr, per_point, **kwargs)
 
 
 def accepts_flat_batch(per_point: bool = False):
@@ -149,6 +194,74 @@ def accepts_flat_batch(per_point: bool = False):
                 raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
             return run_flat_points(lambda xx, pp, mm, **kw: forward(self, xx, pp, mm, *args, **kw), x, pos, batch,
                                    ptr, per_point, **kwargs)
+
+        return wrapper
+
+    return deco
+
+
+def run_flat_inputs(fn, inputs: dict, batch: torch.Tensor | None = None, ptr: torch.Tensor | None = None,
+                    per_point: bool = False, pad_value: float = 0.0, **kwargs):
+    """``fn(*padded, mask (B, n), **kwargs)`` on the flat tensors ``inputs`` (name -> (N, ·) or None,
+    in ``fn``'s order; None passes through) grouped by ``batch``/``ptr`` (see :func:`flat_layout`),
+    padded with ``pad_value``. Per-cloud outputs (B, ·) come back as they are (clouds in index order);
+    ``per_point=True`` outputs (B, n, ·) come back as (N, ·) in the input's order. The one code path
+    of every model's flat input (:func:`run_flat_points`, :func:`accepts_flat_inputs`)."""
+    given = [(name, t) for name, t in inputs.items() if t is not None]
+    if not given:
+        raise ValueError(f"{', '.join(inputs)}: flat input (batch= or ptr=) needs at least one tensor")
+    first, ref = given[0]
+    for name, t in given:
+        if not isinstance(t, torch.Tensor) or t.dim() < 1 or t.shape[0] != ref.shape[0]:
+            raise ValueError(f"{name}: with flat {first} of {ref.shape[0]} rows expected ({ref.shape[0]}, ·), got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    layout = flat_layout(ref.shape[0], batch, ptr, device=ref.device)
+    out = fn(*(None if t is None else layout.pad(t, pad_value) for t in inputs.values()), layout.mask(), **kwargs)
+    return layout.unpad(out) if per_point else out
+
+
+def accepts_flat_inputs(*flat_dims: int, per_point: bool = False, pad_value: float = 0.0):
+    """Decorator for a ``forward(self, a, …, mask=None, ...)`` whose first ``len(flat_dims)``
+    arguments are padded per-point tensors ``(B, n, ·)`` followed by ``mask`` (B, n): it also takes
+    PyG-style flat input, ``forward(a (N, ·), …, batch=b | ptr=p, ...)`` (keyword-only, no mask),
+    where argument i is a ``flat_dims[i]``-D tensor or None — e.g. a sequence model's
+    ``forward(tokens, mask)`` with ``accepts_flat_inputs(1)`` takes concatenated token ids (N,),
+    each sequence's tokens in order; a set model's ``forward(x, mask)`` with
+    ``accepts_flat_inputs(2)`` takes points (N, d). Run as the padded call (:func:`run_flat_inputs`,
+    padding ``pad_value``, which the mask must exclude): per-cloud outputs stay (B, ·),
+    ``per_point`` outputs (B, n, ·) come back as (N, ·). Further arguments pass through.
+    """
+    import functools
+    import inspect
+
+    def deco(forward):
+        sig = inspect.signature(forward)
+        params = list(sig.parameters)
+        names = params[1:1 + len(flat_dims)]
+        if len(params) <= len(flat_dims) + 1 or params[1 + len(flat_dims)] != "mask":
+            raise TypeError(f"accepts_flat_inputs: {forward.__qualname__} must take {len(flat_dims)} input(s) "
+                            f"then mask, got ({', '.join(params)})")
+
+        @functools.wraps(forward)
+        def wrapper(self, *args, batch=None, ptr=None, **kwargs):
+            if batch is None and ptr is None:
+                return forward(self, *args, **kwargs)
+            call = sig.bind(self, *args, **kwargs)
+            call.apply_defaults()
+            if call.arguments["mask"] is not None:
+                raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
+            for name, dim in zip(names, flat_dims):
+                t = call.arguments[name]
+                if t is not None and (not isinstance(t, torch.Tensor) or t.dim() != dim):
+                    raise ValueError(f"{name}: with batch= or ptr= expected a flat {dim}-D tensor (N first), got "
+                                     f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+
+            def padded(*tensors):   # the padded inputs, then the mask
+                for name, t in zip([*names, "mask"], tensors):
+                    call.arguments[name] = t
+                return forward(*call.args, **call.kwargs)
+
+            return run_flat_inputs(padded, {n: call.arguments[n] for n in names}, batch, ptr, per_point, pad_value)
 
         return wrapper
 

@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 from ..attention import is_tracing
-from ..data.batch import run_flat
 from .point_encoder import PointTransformerJK
 from .registry import register_model
 
@@ -81,7 +80,12 @@ class PileupClassifier(nn.Module):
         if batch is not None or ptr is not None:
             if mask is not None:
                 raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
-            return run_flat(self.forward, x, coords, batch, ptr)
+            if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[-1] != self.in_dim:
+                raise ValueError(f"x: with batch= or ptr= expected flat (N, {self.in_dim}) features with the PID "
+                                 f"category last, got {tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+            # per-particle features, then the encoder's own flat path (packed clouds with HEPT)
+            feats = self._features(x[None], torch.ones(1, x.shape[0], dtype=torch.bool, device=x.device))[0]
+            return self.out_proj(self.encoder(feats, coords, batch=batch, ptr=ptr)).squeeze(-1)
         if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3) or x.shape[-1] != self.in_dim:
             raise ValueError(f"x: expected (B, N, {self.in_dim}) or (N, {self.in_dim}) features with the PID "
                              f"category last, got {tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
@@ -90,12 +94,18 @@ class PileupClassifier(nn.Module):
                 raise ValueError(f"coords: expected (N, {self.coord_dim}) with x of shape (N, F), got "
                                  f"{tuple(coords.shape) if isinstance(coords, torch.Tensor) else type(coords).__name__}")
             return self.forward(x[None], coords[None], None if mask is None else mask[None])[0]
-        if not x.is_floating_point():
-            raise ValueError(f"x: expected a floating tensor, got {x.dtype}")
         real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
         if not isinstance(real, torch.Tensor) or real.dtype != torch.bool or real.shape != x.shape[:2]:
             raise ValueError(f"mask: expected a bool tensor of shape {tuple(x.shape[:2])}, got "
                              f"{getattr(real, 'dtype', type(real).__name__)} {tuple(getattr(real, 'shape', ()))}")
+        emb = self.encoder(self._features(x, real), coords, mask)
+        return self.out_proj(emb).squeeze(-1) * real
+
+    def _features(self, x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """The encoder's input: x's columns but the last, then the PID embedding. x (B, N, F), real (B, N)
+        -> (B, N, F − 1 + pid_dim); the PID column is checked at real points (eager only)."""
+        if not x.is_floating_point():
+            raise ValueError(f"x: expected a floating tensor, got {x.dtype}")
         pid = x[..., -1]
         if not is_tracing():  # eager-only: a boolean gather and host syncs cannot be traced
             pid_real = pid[real]
@@ -104,9 +114,7 @@ class PileupClassifier(nn.Module):
                 raise ValueError(f"x: the last column must hold integer PID categories 0..{self.num_pid - 1} "
                                  "at real points")
         pid = torch.where(real, pid, torch.zeros_like(pid)).long()
-        feats = torch.cat([x[..., :-1], self.pid_embedding(pid).to(x.dtype)], dim=-1)
-        emb = self.encoder(feats, coords, mask)
-        return self.out_proj(emb).squeeze(-1) * real
+        return torch.cat([x[..., :-1], self.pid_embedding(pid).to(x.dtype)], dim=-1)
 
 
 @register_model("hept-pileup", export=None)

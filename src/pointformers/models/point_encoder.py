@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from ..attention import ForwardContext, build as build_attention, check_attention_inputs, entry as attention_entry
-from ..attention import model_options
-from ..data.batch import run_flat
+from ..attention import is_tracing, model_options
+from ..data.batch import packed_layout, run_flat
 from ..nn import MLP, TransformerBlock
 
 
@@ -42,7 +42,11 @@ class PointTransformerJK(nn.Module):
             theirs; the copies' outputs are dropped. Models loaded with
             :func:`~pointformers.models.from_reference_checkpoint` use it, so that their output at
             any point count equals the authors' for each cloud (batched clouds too).
-    Shapes: forward(x (B, N, F), coords (B, N, c), mask (B, N) | None) -> (B, N, out_dim).
+    Shapes: forward(x (B, N, F), coords (B, N, c), mask (B, N) | None) -> (B, N, out_dim); PyG-style
+    flat x (N, F), coords (N, c) with ``batch=`` (N,) or ``ptr=`` (B+1,) -> (N, out_dim). With HEPT in
+    every layer, flat input is packed: each cloud padded only to a multiple of ``block_size``, the
+    clouds end to end in one row (as the authors' code, whose region codes carry the cloud index),
+    each cloud's result equal to its padded forward's; other mechanisms pad to the largest cloud.
     """
 
     #: The exported graph's inputs (see :mod:`pointformers.export`): one cloud's x (N, F) and coords (N, c).
@@ -96,9 +100,36 @@ class PointTransformerJK(nn.Module):
         if batch is not None or ptr is not None:
             if mask is not None:
                 raise ValueError("mask: flat input (batch= or ptr=) has no padding; give no mask")
+            if self._packs_clouds():
+                return self._forward_packed(x, coords, batch, ptr)
             return run_flat(self.forward, x, coords, batch, ptr)
         if x.dim() == 2:  # a single cloud (N, F)
             return self.forward(x[None], coords[None], None if mask is None else mask[None])[0]
+        mask = self._check(x, coords, mask)
+        if self.padding == "duplicate":
+            return self._forward_duplicated(x, coords, mask)
+        return self._trunk(x, coords, mask, ForwardContext(coords, mask))
+
+    def _packs_clouds(self) -> bool:
+        """Flat input is packed (each cloud padded to a multiple of the block size, clouds end to end
+        in one row) when every layer's mixer keeps packed clouds apart (HEPT), outside export mode."""
+        return (self.padding == "mask" and not is_tracing() and self.shared is not None
+                and all(getattr(b.mixer, "packs_clouds", False) and not b.mixer.exportable for b in self.blocks))
+
+    def _forward_packed(self, x: torch.Tensor, coords: torch.Tensor, batch, ptr) -> torch.Tensor:
+        """Flat x (N, F), coords (N, c) packed (:func:`~pointformers.data.batch.packed_layout`) -> (N, out_dim);
+        each cloud's output equals its padded forward's."""
+        for name, t, width in (("x", x, self.in_dim), ("coords", coords, self.coord_dim)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[-1] != width or t.shape[0] != x.shape[0]:
+                raise ValueError(f"{name}: with batch= or ptr= expected flat ({x.shape[0]}, {width}), got "
+                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        layout = packed_layout(x.shape[0], batch, ptr, multiple=self.shared.block_size, device=x.device)
+        xp, cp, mp = layout.pad(x), layout.pad(coords), layout.mask()
+        mp = self._check(xp, cp, mp)
+        return layout.unpad(self._trunk(xp, cp, mp, ForwardContext(cp, mp, segments=layout.segments)))
+
+    def _check(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The padded forward's input checks; returns the (B, N) mask."""
         if x.dim() != 3 or x.shape[-1] != self.in_dim:
             raise ValueError(f"x: expected (B, N, {self.in_dim}) features, got shape {tuple(x.shape)}"
                              + (" — the feature count does not match this model (e.g. a loaded checkpoint)"
@@ -107,11 +138,8 @@ class PointTransformerJK(nn.Module):
             raise ValueError(f"coords: expected (B, N, {self.coord_dim}) kernel coordinates "
                              f"(η and φ in columns 0 and 1), got "
                              f"{None if coords is None else tuple(coords.shape)}")
-        mask = check_attention_inputs(x, coords, mask, dim=self.in_dim, pos_dim=self.coord_dim,
+        return check_attention_inputs(x, coords, mask, dim=self.in_dim, pos_dim=self.coord_dim,
                                       requires_pos=True, who=type(self).__name__)
-        if self.padding == "duplicate":
-            return self._forward_duplicated(x, coords, mask)
-        return self._trunk(x, coords, mask, ForwardContext(coords, mask))
 
     def _trunk(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor, context: ForwardContext) -> torch.Tensor:
         """Encoder, blocks and head on checked inputs; ``context`` carries what the layers share."""
