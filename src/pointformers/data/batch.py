@@ -160,8 +160,7 @@ def run_flat(fn, x: torch.Tensor, pos: torch.Tensor, batch: torch.Tensor | None 
     if not isinstance(pos, torch.Tensor) or pos.dim() != 2 or pos.shape[0] != x.shape[0]:
         raise ValueError(f"pos: with flat x ({x.shape[0]}, F) expected ({x.shape[0]}, P) coordinates, got "
                          f"{tuple(pos.shape) if isinstance(pos, torch.Tensor) else type(pos).__name__}")
-    layout = flat_layout(x.shape[0], batch, ptr, device=x.device)
-    return layout.unpad(fn(layout.pad(x), layout.pad(pos), layout.mask()))
+    return run_flat_inputs(fn, {"x": x, "pos": pos}, batch, ptr, per_point=True)
 
 
 def run_flat_points(fn, x: torch.Tensor | None, pos: torch.Tensor, batch: torch.Tensor | None = None,

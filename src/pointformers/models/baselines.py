@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..data.batch import accepts_flat_batch
+from ..data.batch import accepts_flat_batch, accepts_flat_inputs
 from ..nn.model_inputs import check_point_inputs, check_token_inputs
 from ..nn.pooling import masked_max, masked_mean, masked_sum
 from .flt_models import FLT3DRegressor
@@ -115,7 +115,8 @@ class PointMLPSegmenter(nn.Module):
 
 
 class SequenceMLPClassifier(nn.Module):
-    """Embedding + per-token MLP + masked mean pool + MLP head. forward(tokens (B, N), mask) -> (B, C).
+    """Embedding + per-token MLP + masked mean pool + MLP head. forward(tokens (B, N), mask) -> (B, C);
+    PyG-style: forward(tokens (N,) concatenated sequences, batch=b (N,) | ptr=p (B + 1,)) -> (B, C).
 
     ``positional=True`` adds a learned absolute position embedding (up to ``max_len``); without it
     the model sees a bag of tokens.
@@ -130,6 +131,7 @@ class SequenceMLPClassifier(nn.Module):
         self.token = point_mlp([dim, *widths])
         self.head = mlp_head([widths[-1], *head, num_classes])
 
+    @accepts_flat_inputs(1)
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         tokens, mask = check_token_inputs(tokens, mask, vocab_size=self.vocab_size,
                                           max_len=self.max_len if self.pos_embed is not None else None,
@@ -166,7 +168,8 @@ class PointMLPRegressor(nn.Module):
 class SetMLPClusterer(nn.Module):
     """Set Transformer's "rFF + Pooling" clusterer: per-point rFF, mean pool, MLP → k mixture components.
 
-    Official: 4 rFF layers of width 128, mean pooling, 3-layer decoder. forward(x (B, N, d), mask) -> Mixture.
+    Official: 4 rFF layers of width 128, mean pooling, 3-layer decoder. forward(x (B, N, d), mask) -> Mixture;
+    PyG-style: forward(x (N, d), batch=b (N,) | ptr=p (B + 1,)) -> the same per-set Mixture (B, ·).
     """
 
     def __init__(self, in_dim: int = 2, num_components: int = 4, dim: int = 32, encoder_layers: int = 4,
@@ -182,6 +185,7 @@ class SetMLPClusterer(nn.Module):
         self.decoder = nn.Sequential(*dec)
         self.head = MixtureHead(dim, in_dim)
 
+    @accepts_flat_inputs(2)
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> Mixture:
         mask = check_set_inputs(x, mask, self.in_dim, type(self).__name__)
         pooled = masked_mean(self.rff(x.masked_fill(~mask.unsqueeze(-1), 0.0)), mask)

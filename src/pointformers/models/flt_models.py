@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ..attention import build as build_attention, entry as attention_entry
-from ..data.batch import accepts_flat_batch
+from ..data.batch import accepts_flat_batch, accepts_flat_inputs
 from ..nn.model_inputs import check_point_inputs, check_token_inputs
 from ..nn.pooling import masked_mean, masked_sum
 from ..nn.transformer_block import TransformerBlock
@@ -79,7 +79,8 @@ def _flt_stack(dim: int, depth: int, heads: int, attention: str, flt_options: di
 
 
 class FLTSequenceClassifier(nn.Module):
-    """FLT sequence classifier. forward(tokens (B, N) int, mask (B, N)) -> logits (B, C).
+    """FLT sequence classifier. forward(tokens (B, N) int, mask (B, N)) -> logits (B, C); PyG-style:
+    forward(tokens (N,) concatenated sequences, batch=b (N,) | ptr=p (B + 1,)) -> logits (B, C).
 
     Args:
         vocab_size, num_classes: symbols and classes (ListOps: 10 classes).
@@ -120,6 +121,7 @@ class FLTSequenceClassifier(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, num_classes))
 
+    @accepts_flat_inputs(1)
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         tokens, mask = check_token_inputs(tokens, mask, vocab_size=self.vocab_size,
                                           max_len=self.max_len if self.pos_embed is not None else None,

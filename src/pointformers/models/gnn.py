@@ -35,6 +35,7 @@ import math
 import torch
 from torch import nn
 
+from ..data.batch import accepts_flat_inputs
 from ..nn import MLP, FeedForward
 from .registry import register_model
 
@@ -183,7 +184,9 @@ class KNNGraphNet(nn.Module):
         dropout: residual/head dropout. chunk_elems: work-space size of the chunked loops.
     Shapes: forward(x (N, F) or (B, N, F), coords (N, c) or (B, N, c), mask (B, N) | None)
     -> (N, out_dim) or (B, N, out_dim); padded rows are zero and each cloud's graph only links
-    its own real points.
+    its own real points. A 2-D x without an index is one cloud; PyG-style several clouds:
+    forward(x (N, F), coords (N, c) | None, batch=b (N,) | ptr=p (B + 1,)) -> (N, out_dim), hit for
+    hit the padded call's output (one graph per cloud).
     """
 
     def __init__(self, in_dim: int = 15, coord_dim: int = 6, conv: str = "edgeconv", hidden: int = 64,
@@ -224,6 +227,7 @@ class KNNGraphNet(nn.Module):
         e = self.W(torch.cat(hs, -1))
         return e + self.dropout(self.mlp_out(e))
 
+    @accepts_flat_inputs(2, 2, per_point=True)
     def forward(self, x: torch.Tensor, coords: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3) or not x.is_floating_point():

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..attention import build as build_attention, entry as attention_entry
 from ..attention.samsa import SAMSAAttention, SAMSABlock
-from ..data.batch import accepts_flat_batch
+from ..data.batch import accepts_flat_batch, accepts_flat_inputs
 from ..nn import RMSNorm
 from ..nn.model_inputs import check_point_inputs, check_token_inputs
 from ..nn.pooling import masked_max, masked_mean
@@ -159,7 +159,8 @@ class SAMSAPartSegmenter(nn.Module):
 
 
 class SAMSASequenceClassifier(nn.Module):
-    """SAMSA sequence classifier (LRA). forward(tokens (B, N) int, mask (B, N)) -> logits (B, C).
+    """SAMSA sequence classifier (LRA). forward(tokens (B, N) int, mask (B, N)) -> logits (B, C); PyG-style:
+    forward(tokens (N,) concatenated sequences, batch=b (N,) | ptr=p (B + 1,)) -> logits (B, C).
 
     Args:
         vocab_size: symbols (one-hot inputs ≡ ``nn.Embedding``); num_classes: C (ListOps 10).
@@ -181,6 +182,7 @@ class SAMSASequenceClassifier(nn.Module):
         self.pos_embed = nn.Embedding(max_len, D) if positional == "learned" else None
         self.head = nn.Sequential(nn.Linear(D, D), nn.GELU(), nn.Linear(D, num_classes))
 
+    @accepts_flat_inputs(1)
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         tokens, mask = check_token_inputs(tokens, mask, vocab_size=self.vocab_size, max_len=self.max_len,
                                           who=type(self).__name__)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import check_attention_inputs
+from ..data.batch import accepts_flat_inputs
 from ..nn.set_attention import ISAB, PMA, SAB, resolve_mode
 from .registry import register_model
 
@@ -85,7 +86,8 @@ class SetTransformerClusterer(nn.Module):
         mode: the ISABs' MAB mode, ``"dense"`` (default) or ``"sampled"`` (loose sampled ISAB, Sampled
             Transformer; :mod:`pointformers.nn.set_attention`).
         attention: the former name of ``mode``, still accepted: ``"full"`` (= ``"dense"``) or ``"sampled"``.
-    Shapes: forward(x (B, N, d), mask (B, N)) -> :class:`Mixture`.
+    Shapes: forward(x (B, N, d), mask (B, N)) -> :class:`Mixture`; PyG-style forward(x (N, d),
+    batch=b (N,) | ptr=p (B + 1,)) -> the same per-set :class:`Mixture` (B, ·).
     """
 
     def __init__(self, in_dim: int = 2, num_components: int = 4, dim: int = 32, heads: int = 4,
@@ -106,6 +108,7 @@ class SetTransformerClusterer(nn.Module):
         self.decoder = nn.ModuleList(SAB(dim, dim, heads, ln) for _ in range(num_decoder_sabs))
         self.head = MixtureHead(dim, in_dim)
 
+    @accepts_flat_inputs(2)
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> Mixture:
         mask = check_set_inputs(x, mask, self.in_dim, type(self).__name__)
         h = x.masked_fill(~mask.unsqueeze(-1), 0.0)

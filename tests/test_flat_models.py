@@ -1,0 +1,135 @@
+"""Every registered model takes PyG-style flat input: ``model(a (N, ·), …, batch=b)`` (or ``ptr=p``)
+gives exactly the padded call ``model(a (B, n, ·), …, mask)``: per-cloud outputs as they are,
+per-point outputs row for row in the flat input's order."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pointformers.data.batch import accepts_flat_inputs, pad_clouds
+from pointformers.models import MODELS, build
+from test_flat_batch import POINT_MODELS, SIZES
+
+SMALL_SFT = dict(k=8, dim=16, depth=1, heads=2)
+TRACKING = dict(mlp_hidden=16, mlp_layers=2, dropout=0.0)
+GNN = dict(k=8, n_layers=2, **TRACKING)
+#: registry name -> options of a small instance (point models: tests/test_flat_batch.py's)
+OPTIONS = {
+    **{name: options for name, (options, _) in POINT_MODELS.items()},
+    "full-3d-reg": {}, "full-partseg": {}, "sampled-hier-cls": {},
+    "sft-ri-cls": SMALL_SFT, "sft-ri-partseg": SMALL_SFT,
+    "hept-tracking": dict(heads=2, n_layers=2, block_size=16, num_regions=4, **TRACKING),
+    "tracking-encoder": dict(attention="performer", heads=2, n_layers=1, pe="learned", **TRACKING),
+    "hept-pileup": dict(heads=2, n_layers=1, block_size=16, num_regions=4, **TRACKING),
+    "pileup-encoder": dict(attention="full", heads=2, n_layers=1, **TRACKING),
+    "tracking-edgeconv": GNN, "tracking-gravnet": GNN,
+    "flt-seq": {}, "full-seq": {}, "mlp-seq": {}, "samsa-seq": {},
+    "mlp-set": {}, "set-isab-pma": {}, "set-isab-pma-sampled": {}, "set-sab-pma": {},
+}
+SEQUENCES = {"flt-seq", "full-seq", "mlp-seq", "samsa-seq"}
+SETS = {"mlp-set", "set-isab-pma", "set-isab-pma-sampled", "set-sab-pma"}
+HITS = {"hept-tracking", "tracking-encoder", "tracking-edgeconv", "tracking-gravnet", "hept-pileup", "pileup-encoder"}
+VOCAB = 12
+
+
+def _model(name):
+    if name not in OPTIONS:
+        pytest.fail(f"{name}: no input factory in tests/test_flat_models.py; add its options and inputs")
+    torch.manual_seed(0)
+    kw = dict(vocab_size=VOCAB, num_classes=4) if name in SEQUENCES else {}
+    return build(name, **kw, **OPTIONS[name]).double().eval()
+
+
+def _inputs(name, model, sizes=SIZES, seed=0):
+    """Per-cloud inputs (forward's order, None for an absent one), a padding value per input that
+    is not what the flat path pads with (0), and whether the output is per point."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(n, d):
+        return torch.randn(n, d, generator=g, dtype=torch.float64)
+
+    if name in SEQUENCES:
+        return [(torch.randint(0, VOCAB, (n,), generator=g),) for n in sizes], (VOCAB - 1,), False
+    if name in SETS:
+        return [(rand(n, model.in_dim),) for n in sizes], (0.5,), False
+    if name in HITS:
+        clouds = [(rand(n, model.in_dim), rand(n, model.coord_dim)) for n in sizes]
+        if "pileup" in name:  # the last column is the PID category
+            for x, _ in clouds:
+                x[:, -1] = torch.randint(0, 7, (x.shape[0],), generator=g).double()
+        return clouds, (0.5, 0.5), True
+    in_dim = getattr(model, "in_dim", None)
+    if in_dim is None:
+        in_dim = model.encoder.in_dim
+    clouds = [(rand(n, in_dim) if in_dim else None, torch.rand(n, 3, generator=g, dtype=torch.float64))
+              for n in sizes]
+    return clouds, (0.5, 0.5), "partseg" in name
+
+
+def _padded_and_flat(clouds, pad_values):
+    padded, flat, mask = [], [], None
+    for i, fill in enumerate(pad_values):
+        parts = [c[i] for c in clouds]
+        if parts[0] is None:
+            padded.append(None)
+            flat.append(None)
+            continue
+        t, mask = pad_clouds(parts, pad_value=fill)
+        padded.append(t)
+        flat.append(torch.cat(parts))
+    return padded, flat, mask
+
+
+def _index(sizes):
+    batch = torch.cat([torch.full((n,), i) for i, n in enumerate(sizes)])
+    return batch, torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()])
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_flat_equals_padded(name):
+    model = _model(name)
+    clouds, pad_values, per_point = _inputs(name, model)
+    padded, flat, mask = _padded_and_flat(clouds, pad_values)
+    batch, ptr = _index(SIZES)
+    with torch.no_grad():
+        ref = model(*padded, mask)
+        by_batch, by_ptr = model(*flat, batch=batch), model(*flat, ptr=ptr)
+    if per_point:
+        ref = ref[mask]
+        assert by_batch.shape[0] == sum(SIZES)
+    torch.testing.assert_close(by_batch, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(by_ptr, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_flat_input_refuses_a_mask_and_an_unsorted_batch(name):
+    model = _model(name)
+    clouds, pad_values, _ = _inputs(name, model, sizes=(5, 4))
+    _, flat, _ = _padded_and_flat(clouds, pad_values)
+    batch, _ = _index((5, 4))
+    with pytest.raises(ValueError, match="^mask: flat input"):
+        model(*flat, torch.ones(9, dtype=torch.bool), batch=batch)
+    with pytest.raises(ValueError, match="^batch: .*sorted"):
+        model(*flat, batch=batch.flip(0))
+
+
+def test_flat_input_names_a_wrong_shape():
+    seq, gnn = _model("mlp-seq"), _model("tracking-gravnet")
+    b = torch.tensor([0, 0, 1])
+    with pytest.raises(ValueError, match=r"^tokens: with batch= or ptr= expected a flat 1-D tensor"):
+        seq(torch.zeros(1, 3, dtype=torch.long), batch=b)
+    with pytest.raises(ValueError, match=r"^coords: with flat x of 3 rows expected \(3, ·\), got \(4, 6\)"):
+        gnn(torch.randn(3, 15, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64), batch=b)
+
+
+def test_gnn_flat_input_without_coords():
+    gnn = _model("tracking-edgeconv")
+    clouds, pad_values, _ = _inputs("tracking-edgeconv", gnn)
+    (x, _), (xf, _), mask = _padded_and_flat(clouds, pad_values)
+    with torch.no_grad():
+        torch.testing.assert_close(gnn(xf, batch=_index(SIZES)[0]), gnn(x, mask=mask)[mask], rtol=0, atol=0)
+
+
+def test_decorator_refuses_a_forward_without_mask_after_its_inputs():
+    with pytest.raises(TypeError, match=r"must take 2 input\(s\) then mask"):
+        accepts_flat_inputs(2, 2)(lambda self, x, mask=None: x)
