@@ -3,7 +3,8 @@
 Random batch sizes, cloud sizes (1 point up to several blocks), masks (including all but one
 point padded), dtypes and odd head counts: every case gives finite output of the right
 shape with zero padded rows, or a clear ValueError — never NaN from valid input and never a
-crash deep inside torch. In float64, eval mode, each cloud's output equals its output alone.
+crash deep inside torch. In float64, eval mode, each cloud's output equals its output alone and
+the flat (PyG-style ``batch=``/``ptr=``) call's.
 """
 import pytest
 import torch
@@ -84,6 +85,11 @@ def test_contract_fuzz(name, case):
             for i, n in enumerate(sizes):
                 alone = attn(x[i:i + 1, :n], pos[i:i + 1, :n])
                 torch.testing.assert_close(y[i:i + 1, :n], alone, rtol=1e-7, atol=1e-7)
+            # PyG-style flat input (batch= / ptr=) gives the padded call's real rows
+            batch = torch.repeat_interleave(torch.arange(B), torch.tensor(sizes))
+            ptr = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()])
+            for index in (dict(batch=batch), dict(ptr=ptr)):
+                torch.testing.assert_close(attn(x[mask], pos[mask], **index), y[mask], rtol=1e-7, atol=1e-7)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")

@@ -150,10 +150,11 @@ def check_token_inputs(tokens: torch.Tensor, mask: torch.Tensor | None, *, vocab
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != (B, N):
             raise ValueError(f"{who}: mask must be a bool (B, N) = {(B, N)} tensor, got "
                              f"{getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))}")
+    if not is_tracing():  # value checks read the data: eager only (a traced graph keeps no host reads)
         if bool((~mask.any(1)).any()):
             raise ValueError(f"{who}: mask marks sequence(s) {(~mask.any(1)).nonzero().flatten().tolist()} as empty")
-    real = tokens[mask]
-    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
-        raise ValueError(f"{who}: token ids must lie in [0, {vocab_size}), got range "
-                         f"[{int(real.min())}, {int(real.max())}]")
+        real = tokens[mask]
+        if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
+            raise ValueError(f"{who}: token ids must lie in [0, {vocab_size}), got range "
+                             f"[{int(real.min())}, {int(real.max())}]")
     return tokens.long().masked_fill(~mask, 0), mask
