@@ -36,9 +36,9 @@ __all__ = ["TokenMixer", "ForwardContext", "UnsupportedExportError", "check_atte
 class UnsupportedExportError(ValueError):
     """A mechanism (with its options) has no exportable path; the message says which and why."""
 
-    def __init__(self, mechanism: str, reason: str):
+    def __init__(self, mechanism: str, reason: str, kind: str = "attention mechanism"):
         self.mechanism, self.reason = mechanism, reason
-        super().__init__(f"cannot export attention mechanism {mechanism!r}: {reason}")
+        super().__init__(f"cannot export {kind} {mechanism!r}: {reason}")
 
 
 class ForwardContext:
@@ -300,14 +300,18 @@ def set_exportable(module: nn.Module, exportable: bool = True) -> nn.Module:
 
     In export mode a mechanism computes the same function through a graph that ``torch.export``
     and ONNX capture for any point count. Raises :class:`UnsupportedExportError` (a ``ValueError``)
-    naming the mechanism and the reason when one of them cannot be exported. Returns ``module``.
+    naming the mechanism (or other module) and the reason when one of them cannot be exported: every
+    submodule with an ``export_refusal()`` method is asked (mechanisms, and models or layers with
+    no exportable path, e.g. a k-NN graph network or the sampled set attention). Returns ``module``.
     """
     mixers = [m for m in module.modules() if isinstance(m, TokenMixer)]
     if exportable:
-        for m in mixers:
-            reason = m.export_refusal()
+        for m in module.modules():
+            refusal = getattr(m, "export_refusal", None)
+            reason = refusal() if callable(refusal) else None
             if reason is not None:
-                raise UnsupportedExportError(getattr(m, "registry_name", type(m).__name__), reason)
+                raise UnsupportedExportError(getattr(m, "registry_name", type(m).__name__), reason,
+                                             "attention mechanism" if isinstance(m, TokenMixer) else "module")
     for m in mixers:
         m.exportable = bool(exportable)
     return module

@@ -253,20 +253,31 @@ class KNNGraphNet(nn.Module):
             raise ValueError("x: every cloud needs at least one (real) hit")
         if not bool(torch.isfinite(x[mask]).all()):
             raise ValueError("x: contains non-finite values at real hits")
-        out = x.new_zeros(B, N, self.W.out_features)
-        for b in range(B):  # one graph per cloud, over its real hits only
-            keep = mask[b]
-            out[b, keep] = self._embed_cloud(x[b, keep])
+        # one graph per cloud, over its real hits only; the output takes the embeddings' dtype (under
+        # autocast the layers' compute dtype, not the input's)
+        embedded = [self._embed_cloud(x[b, mask[b]]) for b in range(B)]
+        out = embedded[0].new_zeros(B, N, embedded[0].shape[-1])
+        for b, e in enumerate(embedded):
+            out[b, mask[b]] = e.to(out.dtype)
         return out[0] if single else out
 
+    def export_refusal(self) -> str | None:
+        """Why this model cannot be exported (see :func:`pointformers.attention.set_exportable`)."""
+        return KNN_EXPORT_REFUSAL
 
-@register_model("tracking-edgeconv", export="its kNN graph is rebuilt in every layer by a chunked search whose chunk count depends on the point count")
+
+#: Why the k-NN graph networks have no exported graph (their registry entries and ``export_refusal``).
+KNN_EXPORT_REFUSAL = ("its kNN graph is rebuilt in every layer by a chunked search whose chunk count depends on "
+                      "the point count")
+
+
+@register_model("tracking-edgeconv", export=KNN_EXPORT_REFUSAL)
 def tracking_edgeconv(**options) -> KNNGraphNet:
     """DGCNN-style (dynamic EdgeConv) tracking baseline; options of :class:`KNNGraphNet` override."""
     return KNNGraphNet(**{**GNN_TRACKING_DEFAULTS, "conv": "edgeconv", "hidden": 64, **options})
 
 
-@register_model("tracking-gravnet", export="its kNN graph is rebuilt in every layer by a chunked search whose chunk count depends on the point count")
+@register_model("tracking-gravnet", export=KNN_EXPORT_REFUSAL)
 def tracking_gravnet(**options) -> KNNGraphNet:
     """GravNet-style tracking baseline; options of :class:`KNNGraphNet` override."""
     return KNNGraphNet(**{**GNN_TRACKING_DEFAULTS, "conv": "gravnet", "hidden": 72, **options})

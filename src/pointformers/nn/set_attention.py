@@ -114,6 +114,13 @@ class MAB(nn.Module):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.heads}, mode={self.mode!r}"
 
+    def export_refusal(self) -> str | None:
+        """Why this block cannot be exported (asked by :func:`pointformers.attention.set_exportable`), or None."""
+        if self.mode == "sampled":
+            return ("the sampled (loose) MAB draws its two keys per query from the seed buffer and each set's "
+                    "real size, read on the host; use mode='dense' to export")
+        return None
+
     def forward(self, X: torch.Tensor, Y: torch.Tensor, q_mask: torch.Tensor | None = None,
                 k_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, Q, _ = X.shape
