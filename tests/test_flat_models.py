@@ -152,3 +152,23 @@ def test_flat_input_under_bf16_autocast(name):
         assert bool(torch.isfinite(o.float()).all())
         # bf16 keeps 8 bits of mantissa; through a few layers a relative L2 error of a few 1e-2 at most
         assert float((o.float() - r).norm() / r.norm().clamp_min(1e-6)) < 0.15
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_float16_models_are_finite(name):
+    """A ``.half()`` model on float16 input (flat, PyG-style) gives finite output near float32's."""
+    model = _model(name)
+    clouds, pad_values, _ = _inputs(name, model)
+    _, flat, _ = _padded_and_flat(clouds, pad_values)
+    batch, _ = _index(SIZES)
+
+    def cast(dtype):
+        return [t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in flat]
+
+    with torch.no_grad():
+        ref = model.float()(*cast(torch.float32), batch=batch)
+        out = model.half()(*cast(torch.float16), batch=batch)
+    refs, outs = ((ref,), (out,)) if isinstance(ref, torch.Tensor) else (tuple(ref), tuple(out))
+    for r, o in zip(refs, outs):
+        assert bool(torch.isfinite(o.float()).all())
+        assert float((o.float() - r).norm() / r.norm().clamp_min(1e-6)) < 0.15

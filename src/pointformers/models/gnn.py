@@ -71,6 +71,8 @@ def knn_graph(points: torch.Tensor, k: int, chunk_elems: int = DEFAULT_CHUNK_ELE
     if n == 0:
         return torch.zeros(0, kk, dtype=torch.long, device=points.device)
     p = points.detach()
+    if p.dtype in (torch.float16, torch.bfloat16):  # distances in float32 (half has no CPU cdist, and few bits)
+        p = p.float()
     rows = max(1, chunk_elems // n)
     out = []
     for s in range(0, n, rows):
