@@ -237,3 +237,28 @@ def test_readme_names_only_importable_classes():
             if not ok:
                 missing.append(name)
     assert not missing, f"README names classes that are not importable: {missing}"
+
+
+@pytest.mark.parametrize("name", _mechanisms())
+def test_every_mechanism_takes_output_dropout(name):
+    """``dropout``: the output dropout every constructor takes — active in training only, padded rows
+    stay zero, eval equals the module without it; a bad probability is named."""
+    options = dict(SMALL.get(name, {}))
+    if MECHANISMS.get(name).accepts("coord_dim"):
+        options["coord_dim"] = 3
+    torch.manual_seed(0)
+    plain = A.build(name, dim=16, heads=2, **options)
+    torch.manual_seed(0)
+    dropped = A.build(name, dim=16, heads=2, dropout=0.5, **options)
+    assert "dropout=0.5" in repr(dropped)
+    g = torch.Generator().manual_seed(1)
+    x, pos = torch.randn(2, 20, 16, generator=g), torch.randn(2, 20, 3, generator=g)
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[1, 12:] = False
+    with torch.no_grad():
+        torch.testing.assert_close(dropped.eval()(x, pos, mask), plain.eval()(x, pos, mask))
+        torch.manual_seed(2)
+        y = dropped.train()(x, pos, mask)
+    assert bool((y[mask] == 0).any()) and bool((y[~mask] == 0).all())
+    with pytest.raises(ValueError, match="dropout must be a probability"):
+        A.build(name, dim=16, heads=2, dropout=1.0, **options)

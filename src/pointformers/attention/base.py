@@ -131,11 +131,14 @@ def _flat_to_padded(module, args, kwargs):
 
 def _padded_to_flat(module, args, kwargs, output):
     layout = module._flat_layouts.pop()
+    if output is not None and module.training and module.out_dropout.p > 0:
+        output = module.out_dropout(output)  # the mechanism's output dropout (zero rows stay zero)
     return output if layout is None or output is None else layout.unpad(output)
 
 
 class TokenMixer(nn.Module):
-    """Base class of the mechanisms: ``dim`` and ``heads``, the q/k/v/out projections and their
+    """Base class of the mechanisms: ``dim``, ``heads`` and ``dropout`` (on the output, training only;
+    every mechanism's constructor takes it), the q/k/v/out projections and their
     head split/merge (:meth:`_init_projections`, :meth:`heads_of`, :meth:`merge_heads`), the
     zero-padding rule, the shared-work protocol (:meth:`prepare`, :meth:`prepare_key`,
     :meth:`prepared`), how a block calls it (:meth:`mix`, :meth:`fused_residual`) and the export flag."""
@@ -155,7 +158,7 @@ class TokenMixer(nn.Module):
             stack = self.__dict__["_flat_layout_stack"] = []
         return stack
 
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0):
         super().__init__()
         # PyG-style flat input (x (N, D), batch= or ptr=): converted to the padded layout around forward
         self.register_forward_pre_hook(_flat_to_padded, with_kwargs=True)
@@ -165,8 +168,13 @@ class TokenMixer(nn.Module):
             raise ValueError(f"dim must be a positive int, got {dim!r}")
         if not isinstance(heads, int) or heads < 1:
             raise ValueError(f"heads must be a positive int, got {heads!r}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
         self.dim = dim
         self.heads = heads
+        # dropout on the mechanism's output (after its output projection, as timm's proj_drop), training
+        # only; applied by the output hook, so every mechanism has it in one place
+        self.out_dropout = nn.Dropout(float(dropout))
 
     def flat_input_layout(self, n: int, batch: torch.Tensor | None, ptr: torch.Tensor | None,
                           device: torch.device):
@@ -202,7 +210,8 @@ class TokenMixer(nn.Module):
     def extra_repr(self) -> str:
         """``dim=…, heads=…, head_dim=…`` and the mechanism's main options (:attr:`_repr_fields`)."""
         names = ("dim", "heads", "head_dim") + tuple(self._repr_fields)
-        return ", ".join(f"{n}={getattr(self, n)!r}" for n in names if hasattr(self, n))
+        text = ", ".join(f"{n}={getattr(self, n)!r}" for n in names if hasattr(self, n))
+        return text + (f", dropout={self.out_dropout.p}" if self.out_dropout.p > 0 else "")
 
     def reset_parameters(self) -> None:
         """Re-initialise every learnable parameter as the constructor does: each submodule's own

@@ -130,8 +130,8 @@ class FLTAttention(TokenMixer):
                  learn_proposal: bool | None = None, complex_g: bool = False, causal: bool = False,
                  chunk_size: int = 128, redraw: str | int = "never", redraw_rpe: str | int = "never",
                  seed: int | None = None, generator: torch.Generator | None = None, bias: bool = False,
-                 exact: bool = False):
-        super().__init__(dim, heads)
+                 exact: bool = False, dropout: float = 0.0):
+        super().__init__(dim, heads, dropout)
         if rpe_type not in RPE_TYPES:
             raise ValueError(f"rpe_type must be one of {RPE_TYPES}, got {rpe_type!r}")
         T = _DEFAULT_T[rpe_type] if num_components is None else num_components
@@ -370,4 +370,5 @@ class FLTAttention(TokenMixer):
         return (f"dim={self.dim}, heads={self.heads}, head_dim={self.head_dim}, nb_features={self.nb_features}, "
                 f"num_rpe_features={self.num_rpe_features}, rpe_type={self.rpe_type!r}, "
                 f"num_components={self.num_components}, coord_dim={self.coord_dim}, causal={self.causal}"
-                + (", exact=True" if self.exact else ""))
+                + (", exact=True" if self.exact else "")
+                + (f", dropout={self.out_dropout.p}" if self.out_dropout.p > 0 else ""))

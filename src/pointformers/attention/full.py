@@ -31,8 +31,8 @@ class FullAttention(TokenMixer):
     passed to SDPA (deciding whether it has padding would read it on the host); mask=None skips it.
     """
 
-    def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, bias: bool = False):
-        super().__init__(dim, heads)
+    def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, bias: bool = False, dropout: float = 0.0):
+        super().__init__(dim, heads, dropout)
         self.head_dim = head_dim or (dim // heads if dim % heads == 0 else dim)
         inner = heads * self.head_dim
         self._init_projections(inner, bias)

@@ -120,14 +120,14 @@ class HEPTAttention(KernelAttention):
                  tie_first_two: bool = True, omega_init: float = 10.0, own_regions: bool = True,
                  chunk_elems: int = DEFAULT_CHUNK_ELEMS, generator: torch.Generator | None = None,
                  all_heads: bool | None = None, group_chunk: int | None = DEFAULT_GROUP_CHUNK,
-                 shared: HEPTRegions | None = None, implementation: str = "fused"):
+                 shared: HEPTRegions | None = None, implementation: str = "fused", dropout: float = 0.0):
         if coord_dim < 2:
             raise ValueError(f"coord_dim must be >= 2 (η and φ drive HEPT's region hashing), got {coord_dim}")
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         if not isinstance(n_hashes, int) or n_hashes < 1:
             raise ValueError(f"n_hashes must be a positive int, got {n_hashes!r}")
-        super().__init__(dim, heads, head_dim, coord_dim, tie_first_two, omega_init)
+        super().__init__(dim, heads, head_dim, coord_dim, tie_first_two, omega_init, dropout=dropout)
         self.block_size = block_size
         self.n_hashes = n_hashes
         self.num_regions = num_regions

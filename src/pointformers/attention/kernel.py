@@ -65,8 +65,8 @@ class KernelAttention(TokenMixer):
     """
 
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, coord_dim: int = 2,
-                 tie_first_two: bool = True, omega_init: float = 10.0, query_chunk: int = 1024):
-        super().__init__(dim, heads)
+                 tie_first_two: bool = True, omega_init: float = 10.0, query_chunk: int = 1024, dropout: float = 0.0):
+        super().__init__(dim, heads, dropout)
         if not isinstance(query_chunk, int) or query_chunk < 1:
             raise ValueError(f"query_chunk must be a positive int, got {query_chunk!r}")
         self.query_chunk = query_chunk

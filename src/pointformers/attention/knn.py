@@ -101,8 +101,8 @@ class KNNAttention(TokenMixer):
     _repr_fields = ("k", "coord_dim")
 
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, k: int = 16,
-                 coord_dim: int | None = None, bias: bool = False, chunk_size: int | None = None):
-        super().__init__(dim, heads)
+                 coord_dim: int | None = None, bias: bool = False, chunk_size: int | None = None, dropout: float = 0.0):
+        super().__init__(dim, heads, dropout)
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
         if coord_dim is not None and (not isinstance(coord_dim, int) or coord_dim < 1):

@@ -74,11 +74,11 @@ class LSHAttention(KernelAttention):
                  block_size: int = 100, n_hashes: int = 3, n_and: int = 1, num_regions: float = 150,
                  tied: bool = False, tie_first_two: bool = True, omega_init: float = 10.0,
                  chunk_elems: int = DEFAULT_CHUNK_ELEMS, generator: torch.Generator | None = None,
-                 group_chunk: int | None = DEFAULT_GROUP_CHUNK):
+                 group_chunk: int | None = DEFAULT_GROUP_CHUNK, dropout: float = 0.0):
         for name, val in (("block_size", block_size), ("n_hashes", n_hashes), ("n_and", n_and)):
             if not isinstance(val, int) or val < 1:
                 raise ValueError(f"{name} must be a positive int, got {val!r}")
-        super().__init__(dim, heads, head_dim, coord_dim, tie_first_two, omega_init)
+        super().__init__(dim, heads, head_dim, coord_dim, tie_first_two, omega_init, dropout=dropout)
         self.block_size, self.n_hashes, self.n_and, self.tied = block_size, n_hashes, n_and, bool(tied)
         self.num_regions = num_regions
         self.chunk_elems = chunk_elems

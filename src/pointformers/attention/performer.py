@@ -55,8 +55,8 @@ class PerformerAttention(TokenMixer):
 
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, nb_features: int = 256,
                  redraw: str | int = 1000, causal: bool = False, chunk_size: int = 128, seed: int | None = None,
-                 generator: torch.Generator | None = None, bias: bool = False):
-        super().__init__(dim, heads)
+                 generator: torch.Generator | None = None, bias: bool = False, dropout: float = 0.0):
+        super().__init__(dim, heads, dropout)
         if not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
         self.head_dim = head_dim or (dim // heads if dim % heads == 0 else dim)

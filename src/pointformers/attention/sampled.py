@@ -165,8 +165,8 @@ class SampledAttention(TokenMixer):
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, mode: str = "sampled",
                  kernel: str = "roll", n_s: int | None = None, perm_scope: str = "sample",
                  eval_cycle: str = "seeded", seed: int | None = None, scale: float | None = None,
-                 bias: bool = False):
-        super().__init__(dim, heads)
+                 bias: bool = False, dropout: float = 0.0):
+        super().__init__(dim, heads, dropout)
         for name, value, allowed in (("mode", mode, _MODES), ("kernel", kernel, _KERNELS),
                                      ("perm_scope", perm_scope, _SCOPES), ("eval_cycle", eval_cycle, _EVAL_CYCLES)):
             if value not in allowed:

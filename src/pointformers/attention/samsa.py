@@ -159,8 +159,8 @@ class SAMSAAttention(TokenMixer):
     def __init__(self, dim: int, heads: int = 4, k: int = 256, head_dim: int | None = None, mode: str = "hard",
                  tau: float | None = None, proxy: str = "pairwise_sigmoid", support: bool = True,
                  eval_soft: bool = True, kv_grad: str = "hard", imp_hidden: int | None = None,
-                 gumbel: bool = True, bias: bool = True, score_input: str = "normed"):
-        super().__init__(dim, heads)
+                 gumbel: bool = True, bias: bool = True, score_input: str = "normed", dropout: float = 0.0):
+        super().__init__(dim, heads, dropout)
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
         if mode not in ("hard", "soft"):

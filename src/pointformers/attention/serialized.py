@@ -76,8 +76,8 @@ class SerializedAttention(TokenMixer):
 
     def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, patch_size: int = 1024,
                  curve: str = "auto", layer_index: int = 0, shift: bool = False, bits: int | None = None,
-                 coord_dim: int | None = None, bias: bool = False):
-        super().__init__(dim, heads)
+                 coord_dim: int | None = None, bias: bool = False, dropout: float = 0.0):
+        super().__init__(dim, heads, dropout)
         if not isinstance(patch_size, int) or patch_size < 1:
             raise ValueError(f"patch_size must be a positive int, got {patch_size!r}")
         if curve != "auto" and curve not in CURVES:

@@ -386,8 +386,8 @@ class SFTAttention(TokenMixer):
                  sinusoid_exponent: str = "paper", leaky: bool = True, leak_mode: str = "per_key_sum",
                  tau: float = 1.0, drop_token: float = 0.0, partner: str = "random", hard: bool = False,
                  hard_eval: bool = False, qk_dropout: float = 0.0, bias: bool = True, eps: float = 1e-6,
-                 dense_reference: bool = False, chunk_elems: int = 1 << 22):
-        super().__init__(dim, heads)
+                 dense_reference: bool = False, chunk_elems: int = 1 << 22, dropout: float = 0.0):
+        super().__init__(dim, heads, dropout)
         if rpe not in _RPE_KINDS:
             raise ValueError(f"rpe must be one of {_RPE_KINDS}, got {rpe!r}")
         if leak_mode not in ("per_key_sum", "per_query"):
