@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.pointformers-installed
 
-.PHONY: demo test test-heavy wheel-smoke examples api-docs install clean
+.PHONY: demo test test-heavy test-faults wheel-smoke examples api-docs install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ test: $(STAMP)
 # Slow whole-repository checks (every config's model exported and compared with itself).
 test-heavy: $(STAMP)
 	$(BIN)/python -m pytest -m heavy
+
+# Fault injection (tests/test_fault_injection.py, docs/reliability.md): kills, full disk, read-only
+# and concurrent run folders, damaged files of every format, hostile tensors. One thread, under 3 minutes.
+test-faults: $(STAMP)
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -m faults
 
 # Build the wheel, install it (torch==2.13.0 first) into a fresh venv in a temporary folder and
 # use it from outside the source tree: package data, core-only imports, the shipped checkpoint,

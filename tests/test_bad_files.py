@@ -102,6 +102,76 @@ def test_trackml_missing_column(written: Path) -> None:
         read_trackml_event(written)
 
 
+def _edit(path: Path, row: int, column: str, value: str) -> str:
+    """Set ``column`` of the line ``row`` (1-based, header = 1) of a CSV; returns the old value."""
+    lines = path.read_text().splitlines()
+    header = lines[0].split(",")
+    fields = lines[row - 1].split(",")
+    old, fields[header.index(column)] = fields[header.index(column)], value
+    lines[row - 1] = ",".join(fields)
+    path.write_text("\n".join(lines) + "\n")
+    return old
+
+
+def _table(prefix: Path, kind: str) -> Path:
+    return prefix.parent / ("detectors.csv" if kind == "detectors" else f"{prefix.name}-{kind}.csv")
+
+
+@pytest.mark.parametrize("kind,column", [("particles", "px"), ("particles", "vz"), ("truth", "weight"),
+                                         ("truth", "tx"), ("truth", "tpz"), ("cells", "value"),
+                                         ("detectors", "rot_xu"), ("detectors", "pitch_v")])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_trackml_non_finite_values_name_file_line_and_column(written: Path, kind: str, column: str, value: str) -> None:
+    p = _table(written, kind)
+    _edit(p, 4, column, value)
+    with pytest.raises(ValueError, match=rf"{p.name}, line 4, column '{column}': {value} is not a finite number"):
+        read_trackml_event(written)
+
+
+@pytest.mark.parametrize("kind,what", [("truth", "hit"), ("particles", "particle")])
+def test_trackml_header_only_truth_and_particles(written: Path, kind: str, what: str) -> None:
+    p = _table(written, kind)
+    p.write_text(p.read_text().splitlines()[0] + "\n")
+    with pytest.raises(ValueError, match=rf"{p.name}: no data lines \(only the header\); expected at least one {what}"):
+        read_trackml_event(written)
+
+
+def test_trackml_duplicate_truth_hit_id_names_both_lines(written: Path) -> None:
+    p = _table(written, "truth")
+    hit_id = p.read_text().splitlines()[2].split(",")[0]  # line 3
+    _edit(p, 6, "hit_id", hit_id)
+    with pytest.raises(ValueError, match=rf"{p.name}: hit_id {hit_id} appears 2 times \(lines 3 and 6\)"):
+        read_trackml_event(written)
+
+
+def test_trackml_duplicate_detector_module_names_both_lines(written: Path) -> None:
+    p = _table(written, "detectors")
+    lines = p.read_text().splitlines()
+    lines[4] = lines[2]  # line 5 repeats line 3's module
+    p.write_text("\n".join(lines) + "\n")
+    v, l, m = lines[2].split(",")[:3]
+    with pytest.raises(ValueError, match=rf"{p.name}: module \(volume_id, layer_id, module_id\) = \({v}, {l}, {m}\) "
+                                         r"appears 2 times \(lines 3 and 5\)"):
+        read_trackml_event(written)
+
+
+@pytest.mark.parametrize("kind", ["truth", "cells"])
+def test_trackml_rows_of_unknown_hits_name_file_and_line(written: Path, kind: str) -> None:
+    p = _table(written, kind)
+    _edit(p, 5, "hit_id", "987654321")
+    with pytest.raises(ValueError, match=rf"{p.name}, line 5: hit_id 987654321 is not in .*-hits\.csv"):
+        read_trackml_event(written)
+
+
+def test_trackml_noise_hits_need_no_particle(written: Path) -> None:
+    """particle_id 0 (noise) in the truth file is not looked up in the particles file: no warning."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ev = read_trackml_event(written)
+    assert (ev.particle_id == 0).any() and 0 not in set(ev.particles_id.tolist())
+
+
 # ---------------------------------------------------------------- ModelNet / ShapeNetPart
 from test_modelnet_io import root as modelnet_root  # noqa: E402,F401  (fixture)
 from test_shapenetpart_io import root as shapenet_root  # noqa: E402,F401  (fixture)

@@ -66,3 +66,79 @@ def test_hash_distinguishes_dtype_shape_and_structure() -> None:
     hashes = {content_hash(v) for v in variants}
     assert len(hashes) == len(variants) and content_hash(base) not in hashes
     assert content_hash({**base, "sha256": "whatever"}) == content_hash(base)
+
+
+# ---------------------------------------------------------------- every load path verifies the hash
+def _tampered_model_checkpoint(tmp_path: Path) -> Path:
+    """A valid tracking-encoder checkpoint (with its run config), then one weight changed by hand
+    and saved back with the old hash: readable, but not what was written."""
+    from pointformers import models
+    from pointformers.engine.config import load_config
+
+    torch.manual_seed(0)
+    cfg = {"attention": "full", "heads": 2, "n_layers": 1, "mlp_hidden": 32, "mlp_layers": 3}
+    model = models.build("tracking-encoder", **cfg)
+    run_cfg = load_config(None, ["model.name=tracking-encoder", "data.preset=tiny"])
+    path = tmp_path / "best.pt"
+    save_checkpoint(path, {"model": model.state_dict(), "model_name": "tracking-encoder", "model_config": cfg,
+                           "extra": {"config": run_cfg}})
+    ck = torch.load(path, weights_only=True)
+    key = next(iter(ck["model"]))
+    ck["model"][key] = ck["model"][key] + 1.0
+    torch.save(ck, path)
+    return path
+
+
+def _via_model_from_checkpoint(path: Path) -> None:
+    from pointformers.engine.checkpoint import model_from_checkpoint
+    model_from_checkpoint(path)
+
+
+def _via_export(path: Path) -> None:
+    from pointformers.export.onnx_export import load_model
+    load_model(path)
+
+
+def _via_tracking_eval(path: Path) -> None:
+    from pointformers.trackml_eval import open_tracking_checkpoint
+    open_tracking_checkpoint(path)
+
+
+@pytest.mark.parametrize("load", [_via_model_from_checkpoint, _via_export, _via_tracking_eval],
+                         ids=["model_from_checkpoint", "export.load_model", "trackml_eval"])
+def test_every_loader_of_a_user_checkpoint_checks_the_hash(tmp_path: Path, load) -> None:
+    path = _tampered_model_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match=r"best\.pt.*content hash mismatch"):
+        load(path)
+
+
+@pytest.mark.parametrize("command", ["evaluate", "export"])
+def test_cli_commands_refuse_a_tampered_checkpoint(tmp_path: Path, capsys, command: str) -> None:
+    from pointformers.cli import main
+    path = _tampered_model_checkpoint(tmp_path)
+    argv = {"evaluate": ["evaluate", "--checkpoint", str(path), "--split", "val"],
+            "export": ["export", "--checkpoint", str(path), "--format", "torch.export",
+                       "--out", str(tmp_path / "m.pt2")]}[command]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "content hash mismatch" in err and str(path) in err and err.count("\n") == 0, err
+
+
+def test_resume_refuses_a_tampered_last_checkpoint(tmp_path: Path, capsys) -> None:
+    import engine_toy_task  # noqa: F401  (registers task "toy")
+    from engine_toy_task import TOY_SETS
+    from pointformers.cli import main
+
+    run = tmp_path / "run"
+    sets = [*TOY_SETS, "--set", "train.epochs=1", "--set", "train.tensorboard=false", "--out", str(run)]
+    assert main(["train", *sets]) == 0
+    ck = torch.load(run / "last.pt", weights_only=True)
+    ck["model"]["net.0.bias"] = ck["model"]["net.0.bias"] * 2
+    torch.save(ck, run / "last.pt")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    capsys.readouterr()
+    assert main(["train", *sets, "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{run / 'last.pt'}" in err and "content hash mismatch" in err and err.count("\n") == 0, err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before

@@ -18,7 +18,43 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["atomic_write", "current_umask", "default_file_mode"]
+__all__ = ["FileWriteError", "atomic_write", "current_umask", "default_file_mode"]
+
+
+class FileWriteError(OSError, ValueError):
+    """A file could not be written: ``"cannot write FILE: reason"`` (e.g. "No space left on
+    device", "Permission denied"). An :class:`OSError` (``errno`` and ``strerror`` are those of
+    the failure, ``filename`` the target) and a :class:`ValueError`, so the command line reports
+    it in one line."""
+
+    def __init__(self, path: str | os.PathLike, cause: OSError):
+        reason = cause.strerror or str(cause) or type(cause).__name__
+        super().__init__(cause.errno, reason)
+        self.filename = os.fspath(path)
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
+
+    def __reduce__(self):  # picklable (multiprocessing), despite the two-argument constructor
+        return _rebuild_write_error, (self.filename, self.errno, self.strerror)
+
+
+def _rebuild_write_error(filename: str, errno: int | None, strerror: str) -> "FileWriteError":
+    return FileWriteError(filename, OSError(errno, strerror))
+
+
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """``exc`` itself or the first OSError it was raised from or during (``__cause__`` /
+    ``__context__``): :func:`torch.save` turns a failed ``write`` into a RuntimeError whose
+    context is the OSError."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def current_umask() -> int:
@@ -70,16 +106,22 @@ def _set_mode(fd: int, path: str, mode: int) -> None:
 def atomic_write(path: str | os.PathLike, write: Callable[[io.BufferedWriter], None]) -> Path:
     """Write a file atomically: ``write(f)`` fills a temporary file next to ``path``, which is
     fsynced and then renamed onto ``path``. On any failure (including ``KeyboardInterrupt``)
-    the temporary file is deleted, the exception propagates and ``path`` is unchanged.
+    the temporary file is deleted and ``path`` is unchanged. A failure of the file system
+    (full disk, read-only or missing folder, quota, I/O error: an :class:`OSError`, also when
+    ``write`` reports it wrapped in another exception) raises :class:`FileWriteError` naming
+    ``path``; any other exception propagates as it is.
     The file gets the mode of a newly created file, :func:`default_file_mode` (module docstring).
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Same directory as the target: os.replace is only atomic within one file system.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Same directory as the target: os.replace is only atomic within one file system.
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise FileWriteError(path, exc) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             _set_mode(fd, tmp, default_file_mode())  # mkstemp's 0600 would otherwise end up on ``path``
@@ -87,11 +129,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[io.BufferedWriter], N
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # also Ctrl-C: never leave the partial temporary file behind
+    except BaseException as exc:  # also Ctrl-C: never leave the partial temporary file behind
         try:
             os.unlink(tmp)
         except OSError:
             pass
-        raise
+        cause = _os_error_in(exc) if isinstance(exc, Exception) else None
+        if cause is None or isinstance(exc, FileWriteError):
+            raise
+        raise FileWriteError(path, cause) from exc
     _fsync_dir(path.parent)
     return path

@@ -20,6 +20,7 @@ into train/val/test fractions (80/10/10 by default).
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -62,6 +63,18 @@ def _branch_names(tree: Any, path: str, tree_name: str, collection: str) -> dict
     return out
 
 
+def _reason(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` on one line (uproot's messages span several)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _is_damage(exc: BaseException) -> bool:
+    """True for the errors of a truncated or corrupted file: a short read, a failed
+    decompression (zlib/lz4/zstd checksums) or a structure uproot cannot deserialise."""
+    return isinstance(exc, (OSError, EOFError, zlib.error)) or "Deserializ" in type(exc).__name__ or \
+        "decompress" in str(exc).lower()
+
+
 def _open_tree(path: str | os.PathLike, tree_name: str):
     uproot, _ = _require_uproot()
     path = Path(path)
@@ -70,12 +83,23 @@ def _open_tree(path: str | os.PathLike, tree_name: str):
     try:
         f = uproot.open(path)
     except Exception as exc:  # uproot raises many types for a non-ROOT or truncated file
-        raise ValueError(f"{path}: not a readable ROOT file ({type(exc).__name__}: {exc})") from None
+        raise ValueError(f"{path}: not a readable ROOT file (truncated or corrupted?) ({_reason(exc)})") from None
+    end = getattr(getattr(f, "file", None), "fEND", None)  # the file's length its header records
+    size = path.stat().st_size
+    if isinstance(end, int) and size < end:
+        f.close()
+        raise ValueError(f"{path}: truncated ROOT file ({size} bytes; its header says {end})")
     try:
         tree = f[tree_name]
-    except Exception:
-        names = sorted({k.split(";")[0] for k in f.keys()})
+    except Exception as exc:
+        try:
+            names = sorted({k.split(";")[0] for k in f.keys()})
+        except Exception:  # the directory itself is damaged
+            names = None
         f.close()
+        if names is not None and tree_name in names:  # listed, but its header cannot be read
+            raise ValueError(f"{path}: TTree '{tree_name}' cannot be read: the file is truncated or corrupted "
+                             f"({_reason(exc)})") from None
         raise ValueError(f"{path}: no TTree '{tree_name}' (the file holds {names})") from None
     from uproot.behaviors.TTree import TTree
 
@@ -132,8 +156,11 @@ def iter_delphes(
                     c = np.asarray(ak.num(arr, axis=1), np.int64)
                     flat = np.asarray(ak.to_numpy(ak.flatten(arr, axis=1)))
                 except Exception as exc:
+                    if _is_damage(exc):
+                        raise ValueError(f"{path}: branch '{br}' (entries {s}..{e - 1}) cannot be read: the file "
+                                         f"is truncated or corrupted ({_reason(exc)})") from None
                     raise ValueError(f"{path}: branch '{br}' (entries {s}..{e - 1}) is not a per-particle "
-                                     f"(jagged) array of numbers ({type(exc).__name__}: {exc})") from None
+                                     f"(jagged) array of numbers ({_reason(exc)})") from None
                 if flat.dtype.kind not in "biuf":
                     raise ValueError(f"{path}: branch '{br}' holds {flat.dtype}, expected numbers")
                 if counts is None:

@@ -33,6 +33,14 @@ Reading
   absent from the particles file are kept with their ``particle_id`` (their particle pT and
   vertex read as 0) and a warning is issued. Truth weights and particle ``nhits`` are kept as
   in the files (they count all volumes).
+* Validation (a ValueError naming the file, and the line as an editor shows it, header =
+  line 1): required columns, numbers that parse, the same field count on every line; finite
+  x, y, z (pixel hits), cell values, truth tx … tpz and weight, particle vx … pz, and every
+  float column of ``detectors.csv``; at least one pixel hit, truth row and particle row;
+  unique hit_id (pixel hits, truth), particle_id and detector module; every cell's and truth
+  row's hit_id present in the hits file; a truth row for every pixel hit; a module in the
+  detectors table for every pixel hit. Truncated or corrupted gzip and non-UTF-8 text are
+  reported with the file (and line).
 
 Model-input features
 --------------------
@@ -90,7 +98,8 @@ by this module has one). For an event without, it writes per hit with a cluster 
 (``n_u = lx / pitch_u``, ``n_v = ly / pitch_v``), each with ``value = charge_frac``. It writes
 ``detectors.csv`` (the real TrackML pixel modules shipped with the package) with float64
 numbers printed exactly, so that ``read_trackml_event(write_trackml_event(e))`` gives back e's
-float32 features bit for bit, and its cells exactly.
+float32 features bit for bit, and its cells exactly. Every file is written atomically
+(:func:`pointformers.files.atomic_write`).
 
 The reader keeps the cells of the pixel hits as the event's cell table (grouped by hit, in
 file order within a hit), and the features of generated events are computed from their cells
@@ -104,10 +113,11 @@ import re
 import warnings
 import zlib
 from pathlib import Path
-from typing import IO, Iterator, Mapping
+from typing import IO, Callable, Iterator, Mapping
 
 import numpy as np
 
+from ..files import atomic_write
 from .event import CLUSTER_FEATURES, TrackingEvent
 from .tracking import GEOMETRY, PixelGeometry, cluster_features_from_cells, module_table
 
@@ -218,17 +228,61 @@ def _data_line(path: Path, row: int) -> int:
     return row + 2
 
 
+def _check_finite(path: Path, table: Mapping[str, np.ndarray], columns: Mapping[str, str]) -> None:
+    """ValueError naming the file, line and column of the first NaN/inf among the float columns."""
+    for name, kind in columns.items():
+        if kind != "f":
+            continue
+        bad = ~np.isfinite(table[name])
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{path}, line {_data_line(path, i)}, column {name!r}: {table[name][i]} is not a "
+                             "finite number")
+
+
+def _check_rows(path: Path, table: Mapping[str, np.ndarray], what: str) -> None:
+    """ValueError naming the file when it holds a header but no data line."""
+    if len(next(iter(table.values()))) == 0:
+        raise ValueError(f"{path}: no data lines (only the header); expected at least one {what}")
+
+
+def _check_unique(path: Path, values: np.ndarray, name: str, shown: Callable[[int], str] | None = None) -> None:
+    """ValueError naming the file and the lines of the first repeated ``name`` value (``shown(row)``:
+    how to print a row's value, e.g. the columns that make a composite key)."""
+    uniq, first, counts = np.unique(values, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        seen = np.zeros(len(values), bool)
+        seen[first] = True
+        i = int(np.flatnonzero(~seen)[0])  # the first row whose value appeared on an earlier row
+        k = int(np.searchsorted(uniq, values[i]))
+        raise ValueError(f"{path}: {name} {int(values[i]) if shown is None else shown(i)} appears {int(counts[k])} "
+                         f"times (lines {_data_line(path, int(first[k]))} and {_data_line(path, i)})")
+
+
+def _check_known(path: Path, values: np.ndarray, known: np.ndarray, name: str, other: Path,
+                 allow_zero: bool = False) -> None:
+    """ValueError naming the file and the line of the first ``name`` value absent from ``known``."""
+    bad = ~np.isin(values, known)
+    if allow_zero:
+        bad &= values != 0
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{path}, line {_data_line(path, i)}: {name} {int(values[i])} is not in {other} "
+                         f"({int(bad.sum())} rows of this file refer to {name}s that are not there)")
+
+
 def _write_csv(path: Path, columns: list[tuple[str, np.ndarray, str]]) -> None:
-    """Write columns ``(name, values (n,), printf format)`` to ``path`` (header + n lines)."""
+    """Write columns ``(name, values (n,), printf format)`` to ``path`` (header + n lines), atomically
+    (:func:`~pointformers.files.atomic_write`: a failure leaves no partial file)."""
     row = ",".join(fmt for _, _, fmt in columns)
     lists = [np.asarray(v).tolist() for _, v, _ in columns]
-    with open(path, "w", newline="") as f:
-        f.write(",".join(name for name, _, _ in columns) + "\n")
-        buf = io.StringIO()
-        for vals in zip(*lists):
-            buf.write(row % vals)
-            buf.write("\n")
-        f.write(buf.getvalue())
+    buf = io.StringIO()
+    buf.write(",".join(name for name, _, _ in columns) + "\n")
+    for vals in zip(*lists):
+        buf.write(row % vals)
+        buf.write("\n")
+    data = buf.getvalue().encode("utf-8")
+    atomic_write(path, lambda f: f.write(data))
 
 
 def _module_keys(volume: np.ndarray, layer: np.ndarray, module: np.ndarray) -> np.ndarray:
@@ -400,6 +454,10 @@ def read_detectors(path: str | Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise ValueError(f"{path}: detectors file not found")
     t = _read_csv(path, DETECTORS_COLUMNS)
+    _check_finite(path, t, DETECTORS_COLUMNS)  # a header-only file fails at the first hit's module
+    _check_unique(path, _module_keys(t["volume_id"], t["layer_id"], t["module_id"]),
+                  "module (volume_id, layer_id, module_id) =",
+                  lambda i: f"({t['volume_id'][i]}, {t['layer_id'][i]}, {t['module_id'][i]})")
     t["rot"] = np.stack([t.pop(r) for r in _ROT], 1).reshape(-1, 3, 3)
     return t
 
@@ -523,6 +581,7 @@ def _read_event(src: Path, table: Mapping[str, np.ndarray] | None, where: str, t
         paths["truth"] = _event_file(src, "truth", hint)
         paths["particles"] = _event_file(src, "particles", hint)
     hits = _read_csv(paths["hits"], HITS_COLUMNS)
+    all_hit_ids = hits["hit_id"]  # every volume's: cells and truth rows must refer to one of them
     keep = np.isin(hits["volume_id"], PIXEL_VOLUMES)
     hits = {k: v[keep] for k, v in hits.items()}
     if len(hits["hit_id"]) == 0:
@@ -538,11 +597,8 @@ def _read_event(src: Path, table: Mapping[str, np.ndarray] | None, where: str, t
         raise ValueError(f"{paths['hits']}: duplicate hit_id values")
 
     cells = _read_csv(paths["cells"], CELLS_COLUMNS)
-    bad = ~np.isfinite(cells["value"])
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{paths['cells']}, line {_data_line(paths['cells'], i)}, column 'value': "
-                         f"{cells['value'][i]} is not a finite number")
+    _check_finite(paths["cells"], cells, CELLS_COLUMNS)
+    _check_known(paths["cells"], cells["hit_id"], all_hit_ids, "hit_id", paths["hits"])
     n = len(hits["hit_id"])
     cell_hit, cell_src = _cell_rows(cells, hits["hit_id"])
     cell_table = dict(cell_hit=cell_hit.astype(np.int32), cell_ch0=cells["ch0"][cell_src].astype(np.int32),
@@ -584,16 +640,19 @@ def _read_event(src: Path, table: Mapping[str, np.ndarray] | None, where: str, t
                              particles_id=i0, vx=f0, vy=f0, vz=f0, px=f0, py=f0, pz=f0, q=i0, nhits=i0)
 
     tru = _read_csv(paths["truth"], TRUTH_COLUMNS)
+    _check_rows(paths["truth"], tru, "hit")
+    _check_finite(paths["truth"], tru, TRUTH_COLUMNS)
+    _check_unique(paths["truth"], tru["hit_id"], "hit_id")
+    _check_known(paths["truth"], tru["hit_id"], all_hit_ids, "hit_id", paths["hits"])
     parts = _read_csv(paths["particles"], PARTICLES_COLUMNS)
+    _check_rows(paths["particles"], parts, "particle")
+    _check_finite(paths["particles"], parts, PARTICLES_COLUMNS)
+    _check_unique(paths["particles"], parts["particle_id"], "particle_id")
     trow = _lookup(tru["hit_id"], hits["hit_id"])
     if (trow < 0).any():
         raise ValueError(f"{paths['truth']}: no row for hit_id {int(hits['hit_id'][trow < 0][0])} "
                          f"({int((trow < 0).sum())} pixel hits without truth)")
     tru = {k: v[trow] for k, v in tru.items()}
-    ids, counts = np.unique(parts["particle_id"], return_counts=True)
-    if (counts > 1).any():
-        raise ValueError(f"{paths['particles']}: particle_id {int(ids[counts > 1][0])} appears "
-                         f"{int(counts[counts > 1][0])} times")
     orphan = (tru["particle_id"] != 0) & ~np.isin(tru["particle_id"], parts["particle_id"])
     if orphan.any():
         warnings.warn(f"{paths['particles']}: {int(orphan.sum())} pixel hits of "

@@ -21,7 +21,8 @@ Writes never leave a partial file at the destination: the bytes go to a temporar
 the same directory, are flushed and fsynced, and only then :func:`os.replace` puts it in
 place (atomic on POSIX and Windows within one file system). If anything fails on the way
 — an exception inside :func:`torch.save`, a full disk, Ctrl-C — the temporary file is
-removed and the previous file at the destination is untouched.
+removed and the previous file at the destination is untouched; a failure of the file system
+raises :class:`~pointformers.files.FileWriteError` ("cannot write FILE: reason", a ValueError).
 """
 from __future__ import annotations
 

@@ -120,6 +120,17 @@ class RunLock:
                               f"wait for it to finish or choose another --out")
 
     def acquire(self) -> "RunLock":
+        """Take the lock; :class:`RunFolderError` naming the holder's pid when another run holds
+        it, or naming the folder / lock file when they cannot be created (read-only folder, a
+        file in the way, full disk)."""
+        try:
+            return self._acquire()
+        except OSError as exc:
+            where = exc.filename if exc.filename is not None else self.path
+            raise RunFolderError(f"--out: cannot write {where}: {exc.strerror or exc} (the run folder "
+                                 f"{self.folder} must be writable)") from exc
+
+    def _acquire(self) -> "RunLock":
         self.folder.mkdir(parents=True, exist_ok=True)
         me = f"{os.getpid()} {socket.gethostname()}\n".encode()
         for _ in range(5):
@@ -150,10 +161,19 @@ class RunLock:
                     raise self._refuse(pid, host)
                 warnings.warn(f"{self.path}: taking over the lock of a run that is gone "
                               f"(pid {pid or '?'}{' on ' + host if host else ''})", stacklevel=2)
-            os.ftruncate(fd, 0)
-            os.lseek(fd, 0, os.SEEK_SET)
-            os.write(fd, me)
-            os.fsync(fd)
+            try:
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
+                os.write(fd, me)
+                os.fsync(fd)
+            except OSError:
+                os.close(fd)
+                if stale is None:  # our own new, empty lock file: leave no trace
+                    try:
+                        os.unlink(self.path)
+                    except OSError:
+                        pass
+                raise
             self.fd = fd
             return self
         raise RunFolderError(f"--out: could not lock {self.folder} (its lock file {self.path} keeps changing)")

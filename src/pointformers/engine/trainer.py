@@ -61,6 +61,7 @@ from .distributed import (
 )
 from .logs import EpochProgress, TensorBoardLog, write_metrics_csv
 from .rng_state import capture_rng_state, restore_rng_state
+from .run_folder import RUN_FILES
 from .schedules import build_optimizer, build_step_lr
 
 __all__ = ["Task", "TrainConfig", "TrainResult", "Trainer", "fit", "progress_enabled", "sample_generator", "PRECISIONS"]
@@ -211,9 +212,6 @@ def _better(value: float, best: float, mode: str) -> bool:
     return value > best if mode == "max" else value < best
 
 
-_RUN_FILES = ("best.pt", "last.pt", "metrics.json", "metrics.csv")
-
-
 class Trainer:
     """One training run of :func:`fit`, phase by phase.
 
@@ -266,7 +264,8 @@ class Trainer:
         self.show_progress = self.main and progress_enabled(config.progress)
         if self.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            remove_stale_temporaries(self.run_dir, _RUN_FILES)  # left by a process killed mid-write
+            # left by a process killed mid-write (config.yaml included: the CLI writes it atomically too)
+            remove_stale_temporaries(self.run_dir, RUN_FILES)
 
         self.device = env.device
         self.model.to(self.device)
