@@ -142,3 +142,23 @@ def test_resume_refuses_a_tampered_last_checkpoint(tmp_path: Path, capsys) -> No
     err = capsys.readouterr().err.strip()
     assert f"{run / 'last.pt'}" in err and "content hash mismatch" in err and err.count("\n") == 0, err
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_a_damaged_shipped_checkpoint_is_refused(tmp_path, monkeypatch):
+    """The shipped authors' checkpoint is checked against its fixed sha256 when loaded by name."""
+    import importlib
+    import shutil
+
+    hept_tracking = importlib.import_module("pointformers.models.hept_tracking")
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    good = Path(hept_tracking.__file__).parent / "weights" / "hept-tracking-60k.pt"
+    data = bytearray(good.read_bytes())
+    data[-100] ^= 0x01  # one flipped bit, in a tensor's bytes: torch.load would still read it
+    (weights / "hept-tracking-60k.pt").write_bytes(bytes(data))
+    monkeypatch.setattr(hept_tracking, "__file__", str(tmp_path / "hept_tracking.py"))
+    with pytest.raises(ValueError, match="shipped checkpoint 'hept-tracking-60k' is damaged"):
+        hept_tracking.from_reference_checkpoint("hept-tracking-60k")
+    shutil.copy(good, weights / "hept-tracking-60k.pt")
+    hept_tracking.from_reference_checkpoint("hept-tracking-60k")  # the intact file loads

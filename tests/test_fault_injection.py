@@ -762,9 +762,6 @@ def test_config_yaml_damaged(damage: str, tmp_path: Path) -> None:
     _raises_naming(lambda: load_config(p), str(p))
 
 
-@pytest.mark.xfail(strict=True, reason="engine/config.py: a YAML file cut to a prefix that parses (an empty file, "
-                                       "or a dangling key) is validated without naming the file, or taken "
-                                       "as it is; see the issue-21 report")
 @pytest.mark.parametrize("damage", ["empty", "cut-after-key"])
 def test_config_yaml_cut_to_a_valid_prefix_names_the_file(damage: str, tmp_path: Path) -> None:
     from pointformers.engine.config import load_config
@@ -843,25 +840,18 @@ def test_reduced_precision_modules(name: str, dtype: torch.dtype) -> None:
         layer(x, (pos * 10).int())
 
 
-@pytest.mark.xfail(strict=True, reason="nn/model_inputs.py: MAX_MAGNITUDE has no float16 entry, so float16 "
-                                       "inputs near the top of float16's range give NaN/inf silently "
-                                       "(measured: every mechanism finite to 1e4, kernel NaN from 2e4)")
-@pytest.mark.parametrize("name", ["full", "kernel"])
+@pytest.mark.parametrize("name", MECHANISMS)
 def test_float16_extremes_are_refused_or_finite(name: str) -> None:
+    """float16: finite up to the documented limit (1e4); near the top of its range, a clear refusal."""
     layer = _layer(name, torch.float16)
     x, pos = _inputs()
-    try:
-        y = layer((x.clamp(-1, 1) * 6e4).half(), (pos * 6e4).half())
-    except ValueError as exc:
-        assert "at real points" in str(exc)
-    else:
-        assert bool(torch.isfinite(y).all())
+    limit = MAX_MAGNITUDE[torch.float16]
+    assert bool(torch.isfinite(layer((x.clamp(-1, 1) * limit).half(), (pos * limit).half())).all())
+    with pytest.raises(ValueError, match=r"has values up to .* at real points"):
+        layer((x.clamp(-1, 1) * 6e4).half(), (pos * 6e4).half())
 
 
-@pytest.mark.xfail(strict=True, reason="nn/model_inputs.py: pos in float64 given to a float32 module is checked "
-                                       "against float64's limit (1e100), then computed in float32: |pos| = 1e50 "
-                                       "passes and gives NaN silently in these mechanisms")
-@pytest.mark.parametrize("name", ["flt", "hept", "kernel", "lsh_or"])
+@pytest.mark.parametrize("name", MECHANISMS)
 def test_float64_pos_beyond_the_float32_range_is_refused_or_finite(name: str) -> None:
     x, pos = _inputs()
     try:

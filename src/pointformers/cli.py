@@ -477,11 +477,10 @@ def cmd_benchmark_config(args: argparse.Namespace) -> int:
     print(f"  evaluate    {r['evaluate_ms']:10.2f} ms/sample")
     print(f"  memory      {r['peak_memory_mb']:10.1f} MiB ({r['memory_kind']})")
     if args.json:
-        try:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps({**r, "config": cfg}, indent=2) + "\n")
-        except OSError as exc:
-            raise ValueError(f"cannot write {args.json}: {exc.strerror or exc}") from None
+        from .files import atomic_write
+
+        text = (json.dumps({**r, "config": cfg}, indent=2) + "\n").encode()
+        atomic_write(args.json, lambda f: f.write(text))  # FileWriteError names the file
         print(f"wrote {args.json}")
     return 0
 

@@ -219,13 +219,15 @@ def read_yaml_config(path: str | os.PathLike) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"--config {str(p)!r}: no such file")
     try:
-        loaded = yaml.safe_load(p.read_text()) or {}
+        loaded = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"--config {str(p)!r}:{where} invalid YAML ({str(exc).splitlines()[0]})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--config {str(p)!r}: cannot be read ({exc})") from None
+    if loaded is None:  # an empty file (or comments only), e.g. one cut short: not "all defaults"
+        raise ConfigError(f"--config {str(p)!r}: the file holds no settings (empty); give a mapping of sections")
     if not isinstance(loaded, Mapping):
         raise ConfigError(f"--config {str(p)!r}: expected a mapping at the top level")
     return dict(loaded)
@@ -243,7 +245,13 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
     schema = config_schema(name)
     cfg = merge_layer(cfg, loaded, schema, f"--config {str(path)!r}" if path is not None else "")
     cfg = merge_layer(cfg, sets, schema, "--set")
-    return resolve_config(cfg)
+    if path is None:
+        return resolve_config(cfg)
+    try:
+        return resolve_config(cfg)
+    except ValueError as exc:  # a value the file (or --set) gave: say which file the key is from
+        where = f"--config {str(path)!r}" + (" with --set" if sets else "")
+        raise ConfigError(f"{exc} (from {where})") from None
 
 
 # ----------------------------------------------------------------------------- resolution

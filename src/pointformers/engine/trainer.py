@@ -162,6 +162,11 @@ class TrainConfig:
             raise ValueError(f"precision: must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if not isinstance(self.compile, (bool, str)) or (isinstance(self.compile, str) and not self.compile):
             raise ValueError(f"compile: must be true, false or a torch.compile backend name, got {self.compile!r}")
+        if isinstance(self.compile, str):
+            backends = torch.compiler.list_backends(exclude_tags=())
+            if self.compile not in backends:
+                raise ValueError(f"compile: {self.compile!r} is not a torch.compile backend; expected true, false or "
+                                 f"one of {', '.join(b for b in backends if 'TESTING' not in b)}")
         if self.tensorboard is not None and not isinstance(self.tensorboard, bool):
             raise ValueError(f"tensorboard: must be true, false or null, got {self.tensorboard!r}")
         if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda")

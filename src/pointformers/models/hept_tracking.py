@@ -83,6 +83,19 @@ def convert_reference_state_dict(ref: "OrderedDict[str, torch.Tensor]", n_layers
 #: Weights shipped inside the package (``models/weights/``, with their licence and source).
 REFERENCE_CHECKPOINTS = {"hept-tracking-60k": "hept-tracking-60k.pt"}
 
+#: sha256 of each shipped file: the authors' state_dict format carries no hash of its own, so a
+#: damaged installation is caught by this fixed one.
+REFERENCE_SHA256 = {"hept-tracking-60k": "d72e734bdc7f234dd9906cc9d8ec82824181e8894026a608225e2ea0fa0a8d22"}
+
+
+def _verify_shipped(name: str, path: Path) -> None:
+    import hashlib
+
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != REFERENCE_SHA256[name]:
+        raise ValueError(f"{path!s}: the shipped checkpoint {name!r} is damaged (sha256 {digest[:16]}…, expected "
+                         f"{REFERENCE_SHA256[name][:16]}…); reinstall the package")
+
 
 def reference_checkpoint_path(name_or_path: str | os.PathLike) -> Path:
     """The file of a shipped checkpoint name (:data:`REFERENCE_CHECKPOINTS`), or ``name_or_path``
@@ -127,9 +140,12 @@ def from_reference_checkpoint(path: str | os.PathLike = "hept-tracking-60k", dty
     code does, so that its output equals theirs at any number of points; pass
     ``padding="mask"`` for this project's masked padding.
     """
+    name = path if isinstance(path, str) and path in REFERENCE_CHECKPOINTS else None
     path = reference_checkpoint_path(path)
     if not Path(path).is_file():
         raise ValueError(f"{path!s}: no such file (expected an authors' HEPT state_dict)")
+    if name is not None:
+        _verify_shipped(name, Path(path))
     try:
         ref = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - truncated zip, EOF, pickle refusals: all name the file

@@ -81,25 +81,31 @@ def check_attention_inputs(
             raise ValueError(f"{who}: pos has {P} coordinate columns, expected {pos_dim}")
         if min_pos_dim is not None and P < min_pos_dim:
             raise ValueError(f"{who}: pos has {P} coordinate columns, expected at least {min_pos_dim}")
-        _check_values(pos, mask, "pos", who)
+        # pos is computed with x's precision (a float64 pos meets a float32 module): the narrower limit
+        _check_values(pos, mask, "pos", who, x.dtype)
     _check_values(x, mask, "x", who)
     return mask
 
 
 #: Largest |value| of x and pos at real points that every mechanism keeps finite, per dtype
 #: (measured: each mechanism's output stays finite up to 1e15 in float32 and fails from 1e19;
-#: bfloat16 has float32's range; float16 has none to spare and is not bounded here).
-MAX_MAGNITUDE = {torch.float32: 1e15, torch.bfloat16: 1e15, torch.float64: 1e100}
+#: bfloat16 has float32's range; in float16 every mechanism stays finite to 1e4, ``kernel`` gives
+#: NaN from 2e4).
+MAX_MAGNITUDE = {torch.float16: 1e4, torch.float32: 1e15, torch.bfloat16: 1e15, torch.float64: 1e100}
 
 
-def _check_values(t: torch.Tensor, mask: torch.Tensor, name: str, who: str) -> None:
-    """t (B, N, ·) must be finite and within :data:`MAX_MAGNITUDE` at every real point of mask.
+def _check_values(t: torch.Tensor, mask: torch.Tensor, name: str, who: str,
+                  compute_dtype: torch.dtype | None = None) -> None:
+    """t (B, N, ·) must be finite and within :data:`MAX_MAGNITUDE` at every real point of mask: the
+    limit of t's dtype, or of ``compute_dtype`` (the dtype t is computed with) where that is lower.
 
     One streaming reduction over all of t first (its min and max are NaN or inf if any entry is,
     and bound every entry); only when it fails, which padding (which may hold anything) can cause,
     are the real points looked at one by one.
     """
-    limit = MAX_MAGNITUDE.get(t.dtype)
+    limit, limit_dtype = MAX_MAGNITUDE.get(t.dtype), t.dtype
+    if compute_dtype in MAX_MAGNITUDE and (limit is None or MAX_MAGNITUDE[compute_dtype] < limit):
+        limit, limit_dtype = MAX_MAGNITUDE[compute_dtype], compute_dtype
     if t.numel():  # min and max in one pass without an |t| copy; NaN propagates into both
         lo, hi = torch.aminmax(t.detach())
         top = torch.maximum(-lo, hi)
@@ -112,7 +118,7 @@ def _check_values(t: torch.Tensor, mask: torch.Tensor, name: str, who: str) -> N
         raise ValueError(f"{who}: {name} contains NaN or inf at real points")
     if limit is not None and real.numel() and float(real.abs().max()) > limit:
         raise ValueError(f"{who}: {name} has values up to {float(real.abs().max()):.3g} at real points; the "
-                         f"mechanisms stay finite for |{name}| <= {limit:.0e} in {str(t.dtype).replace('torch.', '')} "
+                         f"mechanisms stay finite for |{name}| <= {limit:.0e} in {str(limit_dtype).replace('torch.', '')} "
                          "(rescale the input, or use float64)")
 
 
