@@ -7,12 +7,14 @@ backend switch), so it works headless and inside other programs.
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..files import atomic_write
 from .logs import read_metrics_csv
 
 __all__ = ["read_history", "draw_learning_curves"]
@@ -106,7 +108,7 @@ def draw_learning_curves(history: Sequence[Mapping[str, Any]], path: str | os.Pa
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, path)  # readers never see a half-written PNG
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    atomic_write(path, lambda f: f.write(buffer.getvalue()))  # readers never see a half-written PNG
     return path

@@ -32,6 +32,7 @@ authors' checkpoint").
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
 import os
@@ -43,6 +44,7 @@ import torch
 from torch import nn
 
 from ..attention import MECHANISMS, TokenMixer, UnsupportedExportError, set_exportable
+from ..files import atomic_write
 
 __all__ = ["UnsupportedExportError", "ExportableModel", "export_model", "load_model", "supported_mechanisms",
            "check_exportable", "onnx_translation_table", "EXPORT_FORMATS", "METADATA_KEY"]
@@ -304,30 +306,25 @@ def export_model(model_or_checkpoint: nn.Module | str | os.PathLike | Mapping[st
     out_node = next(n for n in program.graph.nodes if n.op == "output")
     out_shape = tuple(int(d) for d in out_node.args[0][0].meta["val"].shape[1:])  # per point: (out_dim,) or ()
     meta = {**_metadata(model, dtype, format, opset, out_shape), **meta}
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # keeps the suffix torch.export.save expects
-    try:
-        if format == "torch.export":
-            torch.export.save(program, str(tmp), extra_files={METADATA_KEY + ".json": json.dumps(meta)})
-        else:
-            import onnx
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                onnx_program = torch.onnx.export(
-                    program, inputs, dynamo=True, opset_version=opset, input_names=["x", "coords"],
-                    output_names=[OUTPUT_NAME], verbose=verbose,
-                    custom_translation_table=onnx_translation_table(),
-                    optimize=bool(optimize), external_data=False)
-            proto = onnx_program.model_proto
-            meta["opset"] = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), opset)
-            if opset is not None and meta["opset"] != opset:
-                raise ValueError(f"opset: asked for {opset}, the exporter wrote opset {meta['opset']}")
-            del proto.metadata_props[:]
-            entry = proto.metadata_props.add()
-            entry.key, entry.value = METADATA_KEY, json.dumps(meta)
-            onnx.save_model(proto, str(tmp))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    if format == "torch.export":
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer, extra_files={METADATA_KEY + ".json": json.dumps(meta)})
+        data = buffer.getvalue()
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            onnx_program = torch.onnx.export(
+                program, inputs, dynamo=True, opset_version=opset, input_names=["x", "coords"],
+                output_names=[OUTPUT_NAME], verbose=verbose,
+                custom_translation_table=onnx_translation_table(),
+                optimize=bool(optimize), external_data=False)
+        proto = onnx_program.model_proto
+        meta["opset"] = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), opset)
+        if opset is not None and meta["opset"] != opset:
+            raise ValueError(f"opset: asked for {opset}, the exporter wrote opset {meta['opset']}")
+        del proto.metadata_props[:]
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = METADATA_KEY, json.dumps(meta)
+        data = proto.SerializeToString()
+    atomic_write(path, lambda f: f.write(data))  # temporary file, fsync, rename: never a torn export
     return path
