@@ -184,3 +184,30 @@ def test_sample_counts_name_mini_batches_and_items():
         "2 mini-batches (5 items)"
     assert _count_phrase([object(), object()]) == "2 samples"
     assert _count_phrase([]) == "0 samples"
+
+
+def test_evaluate_last_checkpoint_of_a_non_tracking_run(tmp_path: Path, capsys) -> None:
+    """``evaluate --checkpoint RUN/last.pt`` evaluates the run's own task and data (the experiment's
+    config travels in last.pt as in best.pt), not the demo's tracking data; a checkpoint without
+    one falls back to the run folder's config.yaml, and with neither, the error says to pass --config."""
+    import torch
+
+    out = tmp_path / "run"
+    argv = ["train", "--config", "configs/shape-classification-mlp-cls.yaml", "--set", "train.epochs=1",
+            "--set", "data.per_class=[1,1,1]", "--set", "data.num_points=32",
+            "--set", f"data.cache_dir={tmp_path / 'cache'}", "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(out / "last.pt"), "--split", "test"]) == 0
+    assert "oa" in capsys.readouterr().out
+    ckpt = torch.load(out / "last.pt", weights_only=False)
+    ckpt.pop("extra")
+    from pointformers.engine.checkpoint import save_checkpoint
+
+    ckpt.pop("sha256", None)
+    save_checkpoint(out / "old.pt", ckpt)
+    assert main(["evaluate", "--checkpoint", str(out / "old.pt"), "--split", "test"]) == 0  # via config.yaml
+    assert "oa" in capsys.readouterr().out
+    (out / "config.yaml").unlink()
+    err = _one_line_error(capsys, ["evaluate", "--checkpoint", str(out / "old.pt"), "--split", "test"])
+    assert "carries no experiment config" in err and "--config" in err

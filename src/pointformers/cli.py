@@ -219,7 +219,15 @@ def _config_for_checkpoint(args: argparse.Namespace, ckpt: Mapping[str, Any]) ->
     if args.config is not None:
         return load_config(args.config, args.set)
     stored = (ckpt.get("extra") or {}).get("config")
-    return load_config(None, args.set, base=stored if isinstance(stored, Mapping) else DEMO_CONFIG)
+    if isinstance(stored, Mapping):
+        return load_config(None, args.set, base=stored)
+    # a checkpoint without the experiment's config (older runs' last.pt): the run folder's config.yaml,
+    # never a default data set the model was not trained on
+    run_config = Path(args.checkpoint).parent / "config.yaml"
+    if run_config.is_file():
+        return load_config(run_config, args.set)
+    raise ConfigError(f"--config: {args.checkpoint} carries no experiment config and its folder has no "
+                      "config.yaml; pass --config FILE (the config it was trained with)")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

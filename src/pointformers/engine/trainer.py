@@ -499,7 +499,9 @@ class Trainer:
                                              "rng": {"ranks": rng_states}, "best_metric": self.best_metric,
                                              "best_epoch": self.best_epoch, "history": self.history,
                                              "train_config": asdict(config), "world_size": self.env.world_size,
-                                             "config_changes": self.config_changes})
+                                             "config_changes": self.config_changes,
+                                             # the experiment's config too, so evaluate can use last.pt
+                                             **({"extra": dict(extra)} if extra else {})})
             self.write_logs()
             self.tb.log_epoch(row)
         self.say(f"epoch {epoch:>3}/{config.epochs}  loss {row['train_loss']:.4f}  val {config.metric} {value:.4f}"
