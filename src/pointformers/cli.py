@@ -720,8 +720,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(t, "YAML config (default: the demo's)")
     t.add_argument("--out", default=None, help="run folder (default: the config's 'out')")
     t.add_argument("--resume", action="store_true",
-                   help="continue exactly from OUT/last.pt; a config differing from the run's is refused (naming "
-                        "the keys), except a larger train.epochs")
+                   help="continue exactly from OUT/last.pt (from epoch 1, saying so, where no epoch finished "
+                        "yet); a config differing from the run's is refused (naming the keys), except a larger "
+                        "train.epochs")
     t.add_argument("--accept-config-change", action="store_true",
                    help="with --resume: continue with the new config even where it differs from the run's "
                         "(recorded under config_changes in OUT/metrics.json)")

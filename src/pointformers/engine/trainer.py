@@ -293,7 +293,8 @@ class Trainer:
         if self.main and last_path.exists():
             ck = load_checkpoint(last_path, required=("model", "optimizer", "scheduler", "generator", "epoch"))
         ck = broadcast_object(env, ck)
-        if ck is None:
+        if ck is None:  # killed before its first epoch ended (or a new folder): nothing to continue
+            say(f"resume: no {last_path} yet (no epoch finished); starting from epoch 1")
             return
         self.check_resume_config(ck)  # before anything is restored: a refusal changes nothing
         self.model.load_state_dict(ck["model"])
