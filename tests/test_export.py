@@ -313,5 +313,6 @@ def test_models_the_cli_trains_export_or_their_registry_entry_says_why(tmp_path)
             continue
         assert isinstance(reason, str) and len(reason) > 20, name
     model = models.build("sft-cls", k=8, dim=16, depth=1, heads=2)
-    with pytest.raises(ValueError, match=r"'sft-cls' cannot be exported: export covers the per-point models"):
+    with pytest.raises(ValueError, match=r"'sft-cls' cannot be exported: the `pointformers export` command writes "
+                                         r"the per-point models"):
         export_model(model, tmp_path / "m.pt2", format="torch.export")

@@ -15,10 +15,12 @@ from torch import nn
 from ..registry import Entry, Registry
 
 #: The export reason of models registered without ``export=None``.
-NOT_EXPORTED = ("export covers the per-point models whose forward is (x (N, F), coords (N, c)) -> per-point "
-                "outputs (hept-tracking, tracking-encoder, hept-pileup, pileup-encoder); this model's inputs "
-                "and outputs are another kind (shapes, sequences or sets with per-cloud outputs or extra inputs), "
-                "which no export signature covers yet")
+NOT_EXPORTED = ("the `pointformers export` command writes the per-point models whose forward is (x (N, F), "
+                "coords (N, c)) -> per-point outputs (hept-tracking, tracking-encoder, hept-pileup, "
+                "pileup-encoder); this model's inputs and outputs are another kind (shapes, sequences or sets "
+                "with per-cloud outputs or extra inputs). Export it from Python: "
+                "pointformers.attention.set_exportable(model), then torch.export.export / torch.onnx.export "
+                "(it refuses, naming the module, where a part has no exportable path)")
 
 __all__ = ["ModelInfo", "MODELS", "register_model", "available", "build", "info", "entry"]
 
