@@ -634,17 +634,22 @@ def _text_damages(data: bytes) -> dict[str, tuple[bytes, str]]:
     return out
 
 
+def _damaged_shape_file_is_named(shape: Path, load) -> None:
+    """Every text damage of one point-cloud file makes ``load()`` fail naming the file and its line;
+    the intact file is put back."""
+    data = shape.read_bytes()
+    for bad, line in _text_damages(data).values():
+        shape.write_bytes(bad)
+        _raises_naming(load, shape.name, rf"{shape.name}:{line}: |line {line}\b")
+    shape.write_bytes(data)
+
+
 def test_modelnet_damaged_files(modelnet_root) -> None:
     from pointformers.data.modelnet import load_modelnet_normal_resampled
 
     r, _ = modelnet_root
-    shape = r / "airplane" / "airplane_0001.txt"
-    data = shape.read_bytes()
-    for what, (bad, line) in _text_damages(data).items():
-        shape.write_bytes(bad)
-        _raises_naming(lambda: load_modelnet_normal_resampled(r, "train", num_points=16), shape.name,
-                       rf"{shape.name}:{line}: |line {line}\b")
-    shape.write_bytes(data)
+    _damaged_shape_file_is_named(r / "airplane" / "airplane_0001.txt",
+                                 lambda: load_modelnet_normal_resampled(r, "train", num_points=16))
     names = r / "modelnet40_train.txt"
     names.write_bytes(names.read_text().encode("utf-16"))
     _raises_naming(lambda: load_modelnet_normal_resampled(r, "train", num_points=16), names.name, "not UTF-8")
@@ -672,13 +677,7 @@ def test_shapenetpart_damaged_files(shapenet_root) -> None:
     from pointformers.data.shapenetpart import load_shapenetpart
 
     r, _ = shapenet_root
-    shape = r / "02691156" / "a1.txt"
-    data = shape.read_bytes()
-    for what, (bad, line) in _text_damages(data).items():
-        shape.write_bytes(bad)
-        _raises_naming(lambda: load_shapenetpart(r, "train", num_points=16), shape.name,
-                       rf"{shape.name}:{line}: |line {line}\b")
-    shape.write_bytes(data)
+    _damaged_shape_file_is_named(r / "02691156" / "a1.txt", lambda: load_shapenetpart(r, "train", num_points=16))
     split = r / "train_test_split" / "shuffled_train_file_list.json"
     text = split.read_bytes()
     for bad in (text[: len(text) // 2], text.decode().encode("utf-16"), _flip(text, len(text) // 2, 0xFF)):
