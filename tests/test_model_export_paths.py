@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from pointformers.attention import UnsupportedExportError, set_exportable
-from pointformers.models import MODELS
-from test_flat_models import _inputs, _model
+from test_flat_models import PACKAGE_MODELS, _inputs, _model
 
 
 def _float(t):
@@ -19,7 +18,7 @@ def _float(t):
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", PACKAGE_MODELS)
 def test_users_torch_export_of_every_model(name):
     model = _model(name).float()
     clouds, pads, _ = _inputs(name, model)
