@@ -215,6 +215,9 @@ def test_resume_equals_uninterrupted_run(tmp_path: Path) -> None:
 @pytest.mark.parametrize("field,value,match", [
     ("epochs", 0, "epochs"), ("lr", -1.0, "lr"), ("lr", float("nan"), "lr"), ("step_size", 0, "step_size"),
     ("gamma", 1.5, "gamma"), ("mode", "best", "mode"), ("seed", -3, "seed"), ("epochs", 2.5, "epochs"),
+    ("optimizer", "lamb", "optimizer: must be one of adam, adamw, sgd"), ("betas", [0.9], "betas"),
+    ("schedule", "onecycle", "schedule: must be one of"), ("schedule_unit", "batch", "schedule_unit"),
+    ("warmup", "exp", "warmup"), ("warmup_steps", 1.5, "warmup_steps"), ("min_lr", -1e-3, "min_lr"),
 ])
 def test_train_config_validation(field, value, match) -> None:
     with pytest.raises(ValueError, match=match):

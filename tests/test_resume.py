@@ -1,9 +1,10 @@
 """Exact resume and crash safety of the engine, with real processes and SIGKILL.
 
 * 4 epochs straight == 2 epochs, a process SIGKILLed during epoch 3, then ``--resume`` for
-  the remaining 2 (same per-epoch losses and metrics, same weights), on the toy task of
-  ``engine_toy_task.py``, which draws from the engine's generator, dropout, numpy's and
-  Python's global generators.
+  the remaining 2 (same per-epoch losses, learning rates and metrics, same weights), on the toy
+  task of ``engine_toy_task.py``, which draws from the engine's generator, dropout, numpy's and
+  Python's global generators; with the default recipe (Adam, StepLR per epoch), AdamW with a
+  per-step cosine schedule and warm-up, and SGD with a plateau schedule.
 * A process that keeps rewriting a large checkpoint is SIGKILLed in the middle of a write:
   the previous checkpoint still loads and holds exactly what was written before.
 """
@@ -39,18 +40,32 @@ def _epochs(run: Path) -> list[dict]:
     return json.loads((run / "metrics.json").read_text())["epochs"]
 
 
-def test_sigkill_during_epoch_3_then_resume_equals_straight_run(tmp_path: Path, capsys) -> None:
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    assert main(["train", *TOY_SETS, "--out", str(straight)]) == 0
+RECIPES = {
+    "default": [],
+    # the warm-up ends inside epoch 1, the cosine decays per step over all 4 x 9 steps
+    "adamw-cosine-warmup-per-step": ["train.optimizer=adamw", "train.weight_decay=0.05", "train.decay_exempt=true",
+                                     "train.schedule=cosine", "train.schedule_unit=step", "train.warmup_steps=5",
+                                     "train.min_lr=0.0001"],
+    # mode max on the toy's mse, which falls every epoch: each epoch is a plateau, the rate halves
+    "sgd-plateau": ["train.optimizer=sgd", "train.momentum=0.9", "train.schedule=plateau", "train.patience=0",
+                    "train.mode=max"],
+}
 
-    proc = subprocess.run([sys.executable, str(SCRIPT), "cli", "train", *TOY_SETS, "--out", str(killed)],
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_sigkill_during_epoch_3_then_resume_equals_straight_run(tmp_path: Path, capsys, recipe: str) -> None:
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    sets = [*TOY_SETS, *(x for s in RECIPES[recipe] for x in ("--set", s))]
+    assert main(["train", *sets, "--out", str(straight)]) == 0
+
+    proc = subprocess.run([sys.executable, str(SCRIPT), "cli", "train", *sets, "--out", str(killed)],
                           env=_env(TOY_KILL_AT_EPOCH="3"), capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert load_checkpoint(killed / "last.pt")["epoch"] == 2  # epochs 1-2 completed, epoch 3 died
     assert len(_epochs(killed)) == 2
 
     capsys.readouterr()
-    assert main(["train", *TOY_SETS, "--out", str(killed), "--resume"]) == 0
+    assert main(["train", *sets, "--out", str(killed), "--resume"]) == 0
     assert "resuming from" in capsys.readouterr().out
 
     a, b = _epochs(straight), _epochs(killed)
@@ -61,6 +76,9 @@ def test_sigkill_during_epoch_3_then_resume_equals_straight_run(tmp_path: Path, 
         assert rb["lr"] == ra["lr"] and rb["best"] == ra["best"]
     # The run really was random (noise, dropout, numpy/python draws): losses differ by epoch.
     assert len({round(r["train_loss"], 8) for r in a}) == 4
+    if recipe != "default":  # the schedule really changed the rate, before and after the kill
+        assert len({r["lr"] for r in a[:2]}) > 1 or len({r["lr"] for r in a[2:]}) > 1
+        assert load_checkpoint(straight / "last.pt")["scheduler"] == load_checkpoint(killed / "last.pt")["scheduler"]
     for name in ("last.pt", "best.pt"):
         ca, cb = load_checkpoint(straight / name), load_checkpoint(killed / name)
         assert ca["epoch"] == cb["epoch"]

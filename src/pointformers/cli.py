@@ -588,8 +588,10 @@ def _run_demo(cfg: dict[str, Any], out: Path, overwrite: bool, log, t_all: float
     del untrained
 
     tr = cfg["train"]
-    log(f"[2/4] training {cfg['model']['name']} {cfg['model']['options']}: {tr['epochs']} epochs, Adam lr {tr['lr']:g}, "
-        f"StepLR({tr['step_size']}, {tr['gamma']:g})")
+    schedule = tr.get("schedule", "step")
+    schedule = f"StepLR({tr['step_size']}, {tr['gamma']:g})" if schedule == "step" else schedule
+    log(f"[2/4] training {cfg['model']['name']} {cfg['model']['options']}: {tr['epochs']} epochs, "
+        f"{tr.get('optimizer', 'adam')} lr {tr['lr']:g}, {schedule}")
     t0 = time.perf_counter()
     model = _build_model(cfg)
     res = fit(model, task, clouds["train"], clouds["val"], TrainConfig(**tr), out, cfg["model"]["name"],

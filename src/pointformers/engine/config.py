@@ -48,7 +48,10 @@ class ConfigError(ValueError):
 #: Accepted types of the ``train:`` keys (:class:`TrainConfig` fields). ``None`` = YAML null allowed.
 TRAIN_SCHEMA: dict[str, tuple] = {
     "epochs": (int,), "lr": (float,), "step_size": (int,), "gamma": (float,), "weight_decay": (float,),
-    "grad_clip": (float, None), "seed": (int,), "metric": (str,), "mode": (str,), "progress": (bool, None),
+    "optimizer": (str,), "betas": (list,), "eps": (float,), "momentum": (float,), "nesterov": (bool,),
+    "decay_exempt": (bool,), "schedule": (str,), "schedule_unit": (str,), "min_lr": (float,),
+    "warmup": (str, None), "warmup_steps": (int,), "patience": (int,), "grad_clip": (float, None),
+    "seed": (int,), "metric": (str,), "mode": (str,), "progress": (bool, None),
     "batch_size": (int,), "precision": (str,), "compile": (bool, str), "tensorboard": (bool, None),
     "device": (str,), "find_unused_parameters": (bool,),
 }
@@ -323,6 +326,7 @@ def resolve_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     out["model"]["options"] = dict(out["model"]["options"] or {})
     _check_model(out["model"])
     tr = out["train"]
+    tr["betas"] = [coerce_value(f"train.betas[{i}]", b, (float,)) for i, b in enumerate(tr["betas"])]
     if tr["precision"] not in PRECISIONS:
         raise ConfigError(f"train.precision: expected one of {', '.join(PRECISIONS)}, got {tr['precision']!r}")
     try:

@@ -1,5 +1,7 @@
-"""The task-agnostic training engine: Adam + StepLR, global batches of samples, validation
-every epoch, best/last checkpoints, exact resume, DistributedDataParallel, CSV/JSON/TensorBoard logs.
+"""The task-agnostic training engine: Adam/AdamW/SGD with step, cosine, inverse-sqrt, plateau or
+constant schedules and warm-up (:mod:`.schedules`; default Adam + StepLR), global batches of
+samples, validation every epoch, best/last checkpoints, exact resume, DistributedDataParallel,
+CSV/JSON/TensorBoard logs.
 
 The engine knows nothing about tracking: a *task* supplies the loss of one sample and the
 metrics of a list of samples (see :class:`Task`). Files written to ``run_dir`` (rank 0 only):
@@ -62,7 +64,19 @@ from .distributed import (
 from .logs import EpochProgress, TensorBoardLog, write_metrics_csv
 from .rng_state import capture_rng_state, restore_rng_state
 from .run_folder import RUN_FILES
-from .schedules import build_optimizer, build_step_lr
+from .schedules import (
+    OPTIMIZERS,
+    SCHEDULE_UNITS,
+    SCHEDULES,
+    WARMUPS,
+    build_optimizer,
+    build_scheduler,
+    param_groups,
+    schedule_uses_total,
+    scheduler_interval,
+    scheduler_state_fits,
+    warmup_length,
+)
 
 __all__ = ["Task", "TrainConfig", "TrainResult", "Trainer", "fit", "progress_enabled", "sample_generator", "PRECISIONS"]
 
@@ -86,9 +100,33 @@ class TrainConfig:
 
     Attributes:
         epochs: passes over the training samples (paper: up to 2000).
-        lr: Adam learning rate (paper tracking: 1e-2).
-        step_size, gamma: StepLR in epochs (paper: 500, 0.5); shrink step_size for short runs.
-        weight_decay: Adam weight decay (paper: none).
+        lr: the peak learning rate (paper tracking: 1e-2).
+        step_size, gamma: schedule ``step``: ``StepLR``, ×gamma every step_size epochs (paper: 500,
+            0.5; shrink step_size for short runs), or optimiser steps with ``schedule_unit: step``.
+            Schedule ``plateau``: gamma is the factor of each reduction (must be < 1).
+        weight_decay: L2 term in the gradient for adam and sgd, decoupled decay for adamw
+            (paper: none; torch's AdamW default of 0.01 does not apply).
+        optimizer: "adam" (the paper's), "adamw" or "sgd" (:mod:`.schedules`).
+        betas, eps: Adam/AdamW's ``[beta1, beta2]`` and epsilon (torch's defaults).
+        momentum, nesterov: SGD's momentum and Nesterov flag (needs momentum > 0); sgd only.
+        decay_exempt: no weight decay for biases, normalisation-layer weights and every
+            parameter with fewer than 2 dimensions (two param groups).
+        schedule: "step" (default), "cosine" (from lr down to ``min_lr`` at the end of the run),
+            "inverse_sqrt" (after the warm-up ∝ 1/sqrt(step), per optimiser step only),
+            "plateau" (``ReduceLROnPlateau`` on the validation ``metric`` and ``mode``, factor
+            ``gamma``, ``patience`` epochs, floor ``min_lr``) or "constant"
+            (:func:`.schedules.lr_factor` has the formulas).
+        schedule_unit: "epoch" or "step": what the decay of ``step`` and ``cosine`` counts (with
+            "step", cosine decays over all ``epochs × steps per epoch`` optimiser steps after
+            the warm-up). Everything but the plain per-epoch StepLR and plateau is a
+            ``LambdaLR`` updated after every optimiser step.
+        min_lr: the floor of ``cosine`` (<= lr) and of ``plateau``.
+        warmup: null, "linear" (``warmup_steps`` steps from lr/warmup_steps up to lr) or
+            "untuned" (Ma & Yarats 2021: 2/(1-beta2) steps, adam/adamw only);
+            ``warmup_steps`` > 0 alone means linear. The warm-up multiplies the schedule;
+            not with plateau.
+        warmup_steps: length of the linear warm-up in optimiser steps (0 = none).
+        patience: ``plateau``: epochs without improvement before a reduction.
         grad_clip: if set, clip the global gradient norm to this value before each step.
             Not in the paper; an option for short, high-lr runs.
         seed: seeds torch's, numpy's and Python's global generators (dropout; ``seed + rank``
@@ -115,6 +153,18 @@ class TrainConfig:
     step_size: int = 500
     gamma: float = 0.5
     weight_decay: float = 0.0
+    optimizer: str = "adam"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    momentum: float = 0.0
+    nesterov: bool = False
+    decay_exempt: bool = False
+    schedule: str = "step"
+    schedule_unit: str = "epoch"
+    min_lr: float = 0.0
+    warmup: str | None = None
+    warmup_steps: int = 0
+    patience: int = 10
     grad_clip: float | None = None
     seed: int = 42
     metric: str = "ap@k"
@@ -145,6 +195,7 @@ class TrainConfig:
             raise ValueError(f"gamma: must be a number in (0, 1], got {self.gamma!r}")
         if not is_num(self.weight_decay) or not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"weight_decay: must be a finite number >= 0, got {self.weight_decay!r}")
+        self._validate_recipe(is_int, is_num)
         if self.grad_clip is not None and (not is_num(self.grad_clip)
                                            or not (math.isfinite(self.grad_clip) and self.grad_clip > 0)):
             raise ValueError(f"grad_clip: must be a finite number > 0 or null, got {self.grad_clip!r}")
@@ -176,6 +227,68 @@ class TrainConfig:
         if not isinstance(self.find_unused_parameters, bool):
             raise ValueError(f"find_unused_parameters: must be true or false, got {self.find_unused_parameters!r}")
         return self
+
+    def _validate_recipe(self, is_int: Callable[[Any], bool], is_num: Callable[[Any], bool]) -> None:
+        """The optimiser and schedule keys (see :meth:`validate`)."""
+        def one_of(key: str, allowed: Sequence[Any]) -> None:
+            value = getattr(self, key)
+            if not isinstance(value, (str, type(None))) or value not in allowed:
+                names = ", ".join("null" if a is None else a for a in allowed)
+                raise ValueError(f"{key}: must be one of {names}, got {value!r}")
+
+        def finite(v: Any) -> bool:
+            return is_num(v) and math.isfinite(v)
+
+        one_of("optimizer", OPTIMIZERS)
+        if (not isinstance(self.betas, (list, tuple)) or len(self.betas) != 2
+                or not all(finite(b) and 0 <= b < 1 for b in self.betas)):
+            raise ValueError(f"betas: must be two numbers in [0, 1) ([beta1, beta2]), got {self.betas!r}")
+        if not finite(self.eps) or self.eps <= 0:
+            raise ValueError(f"eps: must be a finite number > 0, got {self.eps!r}")
+        if not finite(self.momentum) or not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum: must be a number in [0, 1), got {self.momentum!r}")
+        if not isinstance(self.nesterov, bool):
+            raise ValueError(f"nesterov: must be true or false, got {self.nesterov!r}")
+        if self.optimizer != "sgd" and (self.momentum or self.nesterov):
+            key = "momentum" if self.momentum else "nesterov"
+            raise ValueError(f"{key}: only used by optimizer sgd, got optimizer {self.optimizer!r} "
+                             f"(Adam's momentum is betas[0])")
+        if self.nesterov and not self.momentum:
+            raise ValueError("nesterov: needs momentum > 0, got momentum 0")
+        if not isinstance(self.decay_exempt, bool):
+            raise ValueError(f"decay_exempt: must be true or false, got {self.decay_exempt!r}")
+        one_of("schedule", SCHEDULES)
+        one_of("schedule_unit", SCHEDULE_UNITS)
+        if not finite(self.min_lr) or self.min_lr < 0:
+            raise ValueError(f"min_lr: must be a finite number >= 0, got {self.min_lr!r}")
+        one_of("warmup", (None, *WARMUPS))
+        if not is_int(self.warmup_steps) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps: must be an integer >= 0 (optimiser steps), got {self.warmup_steps!r}")
+        if not is_int(self.patience) or self.patience < 0:
+            raise ValueError(f"patience: must be an integer >= 0 (epochs), got {self.patience!r}")
+        if self.warmup == "linear" and not self.warmup_steps:
+            raise ValueError("warmup: 'linear' needs warmup_steps >= 1")
+        if self.warmup == "untuned":
+            if self.warmup_steps:
+                raise ValueError(f"warmup_steps: must be 0 with warmup 'untuned' (its length is 2/(1-beta2) "
+                                 f"steps), got {self.warmup_steps!r}")
+            if self.optimizer not in ("adam", "adamw"):
+                raise ValueError(f"warmup: 'untuned' needs optimizer adam or adamw (it is set by beta2), "
+                                 f"got optimizer {self.optimizer!r}")
+        if self.schedule == "plateau":
+            if self.schedule_unit != "epoch":
+                raise ValueError("schedule_unit: must be 'epoch' with schedule 'plateau' (it steps on the "
+                                 f"validation metric once per epoch), got {self.schedule_unit!r}")
+            if warmup_length(self):
+                raise ValueError("warmup: not supported with schedule 'plateau'; use null and warmup_steps 0")
+            if self.gamma >= 1:
+                raise ValueError(f"gamma: must be < 1 with schedule 'plateau' (the reduction factor), "
+                                 f"got {self.gamma!r}")
+        if self.schedule == "inverse_sqrt" and self.schedule_unit != "step":
+            raise ValueError("schedule_unit: must be 'step' with schedule 'inverse_sqrt' (it decays per "
+                             f"optimiser step), got {self.schedule_unit!r}")
+        if self.schedule == "cosine" and self.min_lr > self.lr:
+            raise ValueError(f"min_lr: must be <= lr ({self.lr!r}) with schedule 'cosine', got {self.min_lr!r}")
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -280,8 +393,13 @@ class Trainer:
         np.random.seed(config.seed + env.rank)
         random.seed(config.seed + env.rank)
         self.gen = torch.Generator().manual_seed(config.seed)
-        self.optimizer = build_optimizer(self.model.parameters(), config.lr, config.weight_decay)
-        self.scheduler = build_step_lr(self.optimizer, config.step_size, config.gamma)
+        self.optimizer = build_optimizer(param_groups(self.model, config.decay_exempt), config.lr,
+                                         config.weight_decay, config.optimizer, config.betas, config.eps,
+                                         config.momentum, config.nesterov)
+        # Global batches per epoch: per-step schedules run over epochs * this many steps.
+        self.steps_per_epoch = math.ceil(len(train) / config.batch_size)
+        self.scheduler = build_scheduler(self.optimizer, config, self.steps_per_epoch)
+        self.schedule_interval = scheduler_interval(config)
         self.meta = {"config": asdict(config), "model_name": self.model_name, "model_config": self.model_config,
                      "world_size": env.world_size, **({"extra": dict(self.extra)} if self.extra else {})}
 
@@ -297,6 +415,10 @@ class Trainer:
             say(f"resume: no {last_path} yet (no epoch finished); starting from epoch 1")
             return
         self.check_resume_config(ck)  # before anything is restored: a refusal changes nothing
+        if not scheduler_state_fits(self.scheduler, ck["scheduler"]):
+            raise ValueError(f"--resume: {last_path} holds the state of another kind of schedule than "
+                             f"{type(self.scheduler).__name__} (train.schedule {config.schedule!r}, warm-up, "
+                             f"schedule_unit); a run cannot switch schedules: start a new run")
         self.model.load_state_dict(ck["model"])
         self.optimizer.load_state_dict(ck["optimizer"])
         self.scheduler.load_state_dict(ck["scheduler"])
@@ -320,13 +442,17 @@ class Trainer:
 
     def check_resume_config(self, ck: Mapping[str, Any]) -> None:
         """Compare the run's stored config (``train_config``, ``model_name``, ``model_config`` of
-        ``last.pt``) with the one given now. More ``epochs`` is taken (the StepLR schedule does
-        not depend on the total); ``progress`` and ``tensorboard`` (display and logging only) are
-        ignored; any other difference raises ValueError listing the keys, unless
-        ``accept_config_change``. Taken changes are recorded in ``config_changes`` (kept in
+        ``last.pt``) with the one given now. More ``epochs`` is taken unless the schedule depends
+        on the run's length (``cosine``: its remaining rates would not continue the ones already
+        used); ``progress`` and ``tensorboard`` (display and logging only) are ignored; any other
+        difference raises ValueError listing the keys, unless ``accept_config_change``. A train
+        key the stored config lacks (a run of an older version) counts as its default, the
+        behaviour of that version. Taken changes are recorded in ``config_changes`` (kept in
         ``last.pt`` and ``metrics.json``) and logged."""
         self.config_changes = [dict(c) for c in ck.get("config_changes", [])]
         stored = {}
+        if ck.get("train_config"):
+            stored.update({f"train.{k}": v for k, v in asdict(TrainConfig()).items()})
         for k, v in (ck.get("train_config") or {}).items():
             stored[f"train.{k}"] = v
         if "model_name" in ck:
@@ -352,11 +478,14 @@ class Trainer:
         if not diffs:
             return
         epoch = int(ck.get("epoch", 0))
-        takeable = {k for k, (old, new) in diffs.items()
-                    if k == "train.epochs" and isinstance(old, int) and isinstance(new, int) and new > old}
+        more_epochs = {k for k, (old, new) in diffs.items()
+                       if k == "train.epochs" and isinstance(old, int) and isinstance(new, int) and new > old}
+        takeable = set() if schedule_uses_total(self.config) else more_epochs
         refused = [k for k in diffs if k not in takeable]
         if refused and not self.accept_config_change:
-            listed = ", ".join(f"{k} ({diffs[k][0]!r} -> {diffs[k][1]!r})" for k in refused)
+            why = {k: f": schedule {self.config.schedule!r} decays over the run's total length, so more epochs "
+                      f"would change the rates of the epochs already run" for k in more_epochs}
+            listed = ", ".join(f"{k} ({diffs[k][0]!r} -> {diffs[k][1]!r}{why.get(k, '')})" for k in refused)
             raise ValueError(f"--resume: the config differs from the run's in {listed}; pass "
                              f"--accept-config-change to resume with the new values anyway")
         # "accepted": the keys taken only because of --accept-config-change
@@ -445,11 +574,14 @@ class Trainer:
         if config.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
         self.optimizer.step()
+        if self.schedule_interval == "step":
+            self.scheduler.step()
         return step_sum
 
     def train_epoch(self, epoch: int) -> tuple[float, float]:
-        """One pass over the training samples in a seeded order, then a StepLR step.
-        Returns ``(lr, mean training loss)``; ``lr`` is the rate the epoch ran with."""
+        """One pass over the training samples in a seeded order, then a step of a per-epoch
+        schedule. Returns ``(lr, mean training loss)``; ``lr`` is the rate of the epoch's first
+        step (per-step schedules change it within the epoch)."""
         config, n = self.config, len(self.train)
         self.model.train()
         order = torch.randperm(n, generator=self.gen).tolist()
@@ -465,15 +597,19 @@ class Trainer:
                 bar.update(size, total / count)
         finally:
             bar.close()
-        self.scheduler.step()
+        if self.schedule_interval == "epoch":
+            self.scheduler.step()
         return lr, total / max(count, 1)
 
     def validate(self) -> dict[str, float]:
-        """The task's metrics on the validation samples; ValueError if ``config.metric`` is missing."""
+        """The task's metrics on the validation samples, then a ``plateau`` schedule's step on
+        ``config.metric`` (before ``last.pt`` saves it); ValueError if the metric is missing."""
         metrics = self.evaluate(self.val)
         if self.config.metric not in metrics:
             raise ValueError(f"metric: the task's evaluate() returned no {self.config.metric!r} "
                              f"(it returned {sorted(metrics)})")
+        if self.schedule_interval == "metric":
+            self.scheduler.step(float(metrics[self.config.metric]))
         return metrics
 
     def end_epoch(self, epoch: int, lr: float, train_loss: float, metrics: dict[str, float],
@@ -583,8 +719,9 @@ def fit(
 ) -> TrainResult:
     """Train ``model`` on ``train`` (``config.batch_size`` samples per optimiser step).
 
-    Each epoch: a seeded permutation of ``train``, one Adam step per global batch on the mean
-    of ``task.loss``, a StepLR step, ``task.evaluate(model, val)`` on rank 0; if
+    Each epoch: a seeded permutation of ``train``, one optimiser step per global batch on the
+    mean of ``task.loss`` (and a step of a per-step schedule), a step of a per-epoch schedule,
+    ``task.evaluate(model, val)`` on rank 0 (and a ``plateau`` step on its metric); if
     ``config.metric`` improved, write ``best.pt``; then ``last.pt``, ``metrics.json`` and
     ``metrics.csv``. After the last epoch the best weights are loaded back into ``model`` (on
     every rank) and, if ``test`` is given, evaluated on it.
@@ -594,7 +731,8 @@ def fit(
             :func:`pointformers.engine.model_from_checkpoint` can rebuild the model.
         resume: continue from ``run_dir/last.pt`` if it exists (same config and world size
             give exactly the run that was not interrupted). The stored train and model config
-            must match the given one, except a larger ``epochs`` (taken and recorded); any
+            must match the given one, except a larger ``epochs`` (taken and recorded, unless
+            the schedule is ``cosine``); any
             other difference raises ValueError naming the keys (see
             :meth:`Trainer.check_resume_config`).
         accept_config_change: resume even when the config differs; the changes are recorded
