@@ -8,3 +8,4 @@ __all__ = ["available", "build", "register_model", "info", "entry", "MODELS", "M
 from . import gnn  # noqa: F401,E402  (registers tracking-edgeconv, tracking-gravnet)
 from . import pileup  # noqa: F401,E402  (registers hept-pileup, pileup-encoder)
 from . import sft_models, samsa_models, sampled_models, flt_models, set_models, baselines  # noqa: F401,E402  (point/sequence/set models)
+from . import point_mae  # noqa: F401,E402  (point-mae pre-training and its point-mae-cls fine-tuning model)

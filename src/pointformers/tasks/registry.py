@@ -108,7 +108,8 @@ def _load_builtin() -> None:
 #: Modules that define the built-in tasks (each calls :func:`register_task` at import).
 _BUILTIN_MODULES: list[str] = ["pointformers.tasks.tracking.spec", "pointformers.tasks.pileup",
                                "pointformers.tasks.shapes", "pointformers.tasks.listops",
-                               "pointformers.tasks.clustering", "pointformers.tasks.potential"]
+                               "pointformers.tasks.clustering", "pointformers.tasks.potential",
+                               "pointformers.tasks.point_mae"]
 
 
 def available_tasks() -> list[str]:
