@@ -3,6 +3,7 @@ fallbacks, and the SFT fast path in float32 equal to its general path with the k
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from pointformers.attention.sft import SFTBlock
@@ -99,3 +100,108 @@ def test_traced_graphs_keep_portable_linear_ops():
     x = torch.randn(5, 8)
     with torch.no_grad():
         torch.testing.assert_close(traced(x), F.linear(x, head.lin.weight, head.lin.bias))
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the oneDNN ops (packing and the prepacked linear) that run inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {"pack": 0, "linear": 0}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if "_reorder_linear_weight" in name:
+            self.counts["pack"] += 1
+        elif "_linear_pointwise" in name:
+            self.counts["linear"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@needs_onednn
+def test_training_never_packs_weights_and_inference_still_uses_onednn():
+    """A training step (grad on; HEPT's projections run inside a custom autograd Function, where
+    autograd is off but the weights change every step) takes the plain path: no packing; an eval
+    forward without grad still uses oneDNN, and the two give the same embedding."""
+    from pointformers import models
+    from pointformers.tasks.tracking.core import generated_inputs
+
+    torch.manual_seed(0)
+    model = models.build("hept-tracking", n_layers=2, num_regions=4, dropout=0.0)
+    x, coords = generated_inputs(300)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.train()
+    with _CountOps() as ops:
+        opt.zero_grad()
+        model(x, coords).pow(2).mean().backward()
+        opt.step()
+    assert ops.counts == {"pack": 0, "linear": 0}
+    model.eval()
+    with torch.no_grad():
+        with _CountOps() as ops:
+            fast = model(x, coords)
+        with fast_linear.disabled():
+            plain = model(x, coords)
+    assert ops.counts["pack"] > 0 and ops.counts["linear"] > 0
+    torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-4)
+
+
+@needs_onednn
+def test_matmul_inside_an_autograd_function_of_a_training_pass_is_plain():
+    class Proj(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return fast_linear.matmul(x, w.view(2, -1, 8)[1].T)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            fast_linear.matmul(x, w.view(2, -1, 8)[1].T)  # as a recomputing backward does
+            dw = torch.zeros_like(w)
+            dw.view(2, -1, 8)[1] = g.T @ x
+            return g @ w.view(2, -1, 8)[1], dw
+
+    x, w = torch.randn(40, 8, requires_grad=True), torch.randn(10, 8, requires_grad=True)
+    with _CountOps() as ops:
+        y = Proj.apply(x, w)
+        y.sum().backward()
+    assert ops.counts == {"pack": 0, "linear": 0}
+    assert torch.equal(y, torch.mm(x, w.view(2, -1, 8)[1].T))   # plain mm: bit for bit
+    with torch.no_grad(), _CountOps() as ops:
+        y2 = Proj.apply(x.detach(), w.detach())
+    assert ops.counts == {"pack": 1, "linear": 1}
+    torch.testing.assert_close(y2, y.detach(), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_packed_weight_is_cached_per_weight_version():
+    """One pack per weight version: reused while the weight is unchanged, refreshed after an
+    optimiser step (in place) or when the module gets another weight tensor."""
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(16, 12)
+    x = torch.randn(30, 16)
+    opt = torch.optim.Adam(lin.parameters(), lr=0.1)
+
+    def packs_and_check():
+        with torch.no_grad(), _CountOps() as ops:
+            y = fast_linear.linear(lin, x)
+        torch.testing.assert_close(y, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+        return ops.counts["pack"]
+
+    lin.eval()
+    assert packs_and_check() == 1
+    assert packs_and_check() == 0                  # cached
+    lin.train()
+    opt.zero_grad()
+    F.mse_loss(lin(x), torch.zeros(30, 12)).backward()
+    opt.step()                                     # in-place update: a new version
+    lin.eval()
+    assert packs_and_check() == 1
+    assert packs_and_check() == 0
+    lin.weight = torch.nn.Parameter(torch.randn(12, 16))   # another tensor
+    assert packs_and_check() == 1
+    with torch.no_grad():
+        lin.weight.data.mul_(3.0)                  # through .data: no new version, forget() is needed
+    fast_linear.forget(lin)
+    assert packs_and_check() == 1

@@ -533,7 +533,7 @@ def _prepare(cfg: Mapping[str, Any], splits: Sequence[str], pairs_for: Sequence[
     clouds = {s: prepare_tracking_clouds(events[s], with_pairs=s in pairs_for, radius=t["radius"],
                                          max_num_neighbors=t["max_num_neighbors"], pt_min=t["pt_min"],
                                          keep_events=keep_events, progress=progress and s in pairs_for,
-                                         desc=f"{s} pairs")
+                                         desc=f"{s} pairs", cache_dir=d["cache_dir"])
               for s in splits}
     return clouds, {"data_s": t1 - t0, "prepare_s": time.perf_counter() - t1}
 

@@ -130,7 +130,8 @@ def _task_and_samples(cfg: Mapping[str, Any], progress: bool) -> tuple[Any, dict
     events = load_tracking_splits(d["preset"], ("train", "val", "test"), cache_dir=d["cache_dir"], seed=d["seed"])
     clouds = {s: prepare_tracking_clouds(events[s], with_pairs=s == "train", radius=t["radius"],
                                          max_num_neighbors=t["max_num_neighbors"], pt_min=t["pt_min"],
-                                         progress=progress and s == "train", desc=f"{s} pairs")
+                                         progress=progress and s == "train", desc=f"{s} pairs",
+                                         cache_dir=d["cache_dir"])
               for s in events}
     task = TrackingTask(t["similarity"], t["tau"], t["sigma"], t["random_pairs"], t["pt_min"])
     return task, clouds, "ap@k"

@@ -114,6 +114,7 @@ def cached_arrays(
     prefix: str,
     params: Mapping[str, Any],
     build: Callable[[], Mapping[str, np.ndarray]],
+    validate: Callable[[Mapping[str, np.ndarray]], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Load the entry for ``params`` from ``cache_dir``, or ``build()`` it and store it.
 
@@ -122,11 +123,18 @@ def cached_arrays(
         prefix: human-readable file-name prefix (not part of the key).
         params: everything the output depends on (JSON-serialisable); include a version.
         build: makes the arrays on a miss (dict of name -> array; no object arrays).
+        validate: checks a loaded entry's content and raises ValueError when it is inconsistent
+            (a well-formed file with wrong content); such an entry is rebuilt and overwritten.
     """
     path = cache_path(cache_dir, prefix, params)
     hit = load_arrays(path, params)
     if hit is not None:
-        return hit
+        try:
+            if validate is not None:
+                validate(hit)
+            return hit
+        except ValueError:
+            pass  # inconsistent content: treated as a miss
     arrays = {k: np.asarray(v) for k, v in build().items()}
     try:
         save_arrays(path, params, arrays)

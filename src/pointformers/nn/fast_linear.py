@@ -6,10 +6,16 @@ runs at ~95 GFLOP/s through MKL and ~225 GFLOP/s through oneDNN, same torch buil
 oneDNN's linear with a prepacked weight as ``torch.ops.mkldnn._linear_pointwise`` (the kernel its
 own compiler, inductor, uses for frozen CPU models), with an optional fused activation.
 
-:func:`linear` uses it when it applies -- CPU, float32, autograd off, the op present in this torch
-build -- and falls back to :func:`torch.nn.functional.linear` otherwise, so callers need no
-branches. Packed weights are cached per module and re-packed when the weight changes (its storage
-or version counter). The results equal ``F.linear`` up to float32 summation order.
+:func:`linear` uses it when it applies -- CPU, float32, the op present in this torch build, and
+inference: autograd off and no operand that requires grad -- and falls back to
+:func:`torch.nn.functional.linear` otherwise, so callers need no branches. The operand check
+matters inside a custom ``autograd.Function`` of a training pass: its forward and backward run
+with autograd off, but the weights there change with every optimiser step, so a pack would be
+used once and thrown away (oneDNN's re-packing cost ~10% of a HEPT training step). Packed weights
+are cached per module and re-packed when the weight changes: another tensor, storage or version
+counter (an optimiser step updates in place and bumps the version; an update through ``.data``
+does not, call :func:`forget` after one). The results equal ``F.linear`` up to float32 summation
+order.
 
 Switch it off for a run with ``POINTFORMERS_ONEDNN=0`` or :func:`set_enabled(False) <set_enabled>`
 (benchmarks use this to separate what the GEMM library contributes from what an algorithm does).
@@ -27,12 +33,12 @@ from torch import nn
 
 from .model_inputs import is_tracing
 
-__all__ = ["available", "enabled", "set_enabled", "disabled", "linear", "matmul"]
+__all__ = ["available", "enabled", "set_enabled", "disabled", "linear", "matmul", "forget"]
 
 _ACTIVATIONS = ("none", "gelu")
 _enabled = os.environ.get("POINTFORMERS_ONEDNN", "1").strip().lower() not in ("0", "false", "no", "off")
 _available: bool | None = None
-_packs: "weakref.WeakKeyDictionary[nn.Linear, tuple[tuple, torch.Tensor]]" = weakref.WeakKeyDictionary()
+_packs: "weakref.WeakKeyDictionary[nn.Linear, tuple[weakref.ref, tuple, torch.Tensor]]" = weakref.WeakKeyDictionary()
 
 
 def available() -> bool:
@@ -95,22 +101,40 @@ def disabled() -> Iterator[None]:
         set_enabled(old)
 
 
+def forget(lin: nn.Linear) -> None:
+    """Drop the cached packed weight of ``lin`` (needed only after changing it through ``.data``)."""
+    _packs.pop(lin, None)
+
+
 def _packed_weight(lin: nn.Linear) -> torch.Tensor:
+    """``lin.weight`` packed for oneDNN, cached per weight version: the same tensor object (a weak
+    reference, so a new weight at a reused address is not mistaken for the old one), storage,
+    version counter and shape."""
     w = lin.weight
     key = (w.data_ptr(), w._version, tuple(w.shape))
     hit = _packs.get(lin)
-    if hit is not None and hit[0] == key:
-        return hit[1]
+    if hit is not None and hit[0]() is w and hit[1] == key:
+        return hit[2]
     packed = torch.ops.mkldnn._reorder_linear_weight(w.detach())
-    _packs[lin] = (key, packed)
+    _packs[lin] = (weakref.ref(w), key, packed)
     return packed
 
 
-def _applies(x: torch.Tensor, w: torch.Tensor) -> bool:
+def _tracks_grad(t: torch.Tensor) -> bool:
+    """t (or the tensor it is a view of) requires grad: a training pass, also inside a custom
+    autograd Function, where autograd is off but the operands are the graph's tensors."""
+    return t.requires_grad or (t._base is not None and t._base.requires_grad)
+
+
+def _applies(x: torch.Tensor, w: torch.Tensor, w_fixed: bool) -> bool:
+    """oneDNN for x (rows, in) and weight w: inference only. ``w_fixed``: w is a module's weight
+    (a parameter requires grad in inference too, so only x decides); else w is an operand that
+    must not require grad either."""
     # not while tracing or compiling: exported graphs (ONNX, torch.export) keep portable ops
     # (tracing first: the availability probe is a function torch.compile refuses to trace)
     return (not is_tracing() and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu"
-            and w.dtype == torch.float32 and w.device.type == "cpu" and not torch.is_grad_enabled() and enabled())
+            and w.dtype == torch.float32 and w.device.type == "cpu" and not torch.is_grad_enabled()
+            and not _tracks_grad(x) and (w_fixed or not _tracks_grad(w)) and enabled())
 
 
 def _run(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
@@ -118,19 +142,18 @@ def _run(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, activ
                                               "none" if activation == "gelu" else "")
 
 
-
-
 def linear(lin: nn.Linear, x: torch.Tensor, activation: str = "none", use_bias: bool = True) -> torch.Tensor:
     """``act(lin(x))`` for x (rows, in_features) -> (rows, out_features); act is ``"none"`` or exact ``"gelu"``.
 
-    oneDNN's prepacked kernel (activation fused, packed weight cached per module) when
-    :func:`enabled`, x is a float32 CPU matrix and autograd is off; otherwise ``F.linear`` (+
-    ``F.gelu``). ``use_bias=False`` leaves the module's bias out. Always returns a new tensor.
+    oneDNN's prepacked kernel (activation fused, packed weight cached per module and weight
+    version) when :func:`enabled`, x is a float32 CPU matrix, autograd is off and x does not
+    require grad (inference); otherwise ``F.linear`` (+ ``F.gelu``). ``use_bias=False`` leaves the
+    module's bias out. Always returns a new tensor.
     """
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation: expected one of {_ACTIVATIONS}, got {activation!r}")
     bias = lin.bias if use_bias else None
-    if _applies(x, lin.weight):
+    if _applies(x, lin.weight, w_fixed=True):
         return _run(x, _packed_weight(lin), bias, activation)
     y = F.linear(x, lin.weight, bias)
     return F.gelu(y) if activation == "gelu" else y
@@ -139,8 +162,9 @@ def linear(lin: nn.Linear, x: torch.Tensor, activation: str = "none", use_bias: 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for matrices a (m, k), b (k, n) -> (m, n) contiguous, through oneDNN when :func:`linear` would be.
 
-    For a right factor that changes every call (it is packed each time: worth it when m ≫ k, n).
+    For a right factor that changes every call (it is packed each time: worth it when m ≫ k, n),
+    so only in inference: plain ``torch.mm`` when either factor requires grad (a training pass).
     """
-    if _applies(a, b):
+    if _applies(a, b, w_fixed=False):
         return _run(a, torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), a.shape[0]), None, "none")
     return torch.mm(a, b)

@@ -6,7 +6,8 @@ Inputs, training pairs, loss and AP@k of the per-hit embedding:
   (n, 6) and ``pos`` = (η, φ) (n, 2), exactly as HEPT's preprocessing builds them
   (the authors' code); :func:`generated_inputs` -- the same for ``n`` hits of a generated event.
 * :func:`build_tracking_pairs` / :func:`add_random_pairs` -- the labelled hit pairs the
-  contrastive loss is computed on (the authors' pair generation).
+  contrastive loss is computed on (the authors' pair generation); :func:`draw_random_pairs` --
+  the per-step random part on its own (the listed pairs are built once and cached).
 * :func:`infonce_loss` -- the authors' InfoNCE loss (``l2_rbf``) or the paper's variant (App. A.3).
 * :func:`ap_at_k` / :func:`tracking_metrics_at_k` / :func:`ap_at_k_split` -- the
   ``accuracy@0.9`` metric of the authors' code (``acc_and_pr_at_k``).
@@ -47,6 +48,7 @@ __all__ = [
     "radius_graph_capped",
     "build_tracking_pairs",
     "add_random_pairs",
+    "draw_random_pairs",
     "infonce_loss",
     "tracking_metrics_at_k",
     "ap_at_k",
@@ -446,18 +448,40 @@ def add_random_pairs(
     random self pairs (i, i) are dropped: they carry no signal and the un-squared L2 distance
     has no gradient at 0. Call once per training step with a fresh ``generator`` state.
     """
+    extra = draw_random_pairs(pairs.num_pairs, pairs.particle_id, pairs.eligible, fraction, generator,
+                              pairs.edge_index.device)
+    if extra is None:
+        return pairs
+    edge_index = torch.cat([pairs.edge_index, extra.edge_index], dim=1)
+    return TrackingPairs(edge_index, torch.cat([pairs.is_positive, extra.is_positive]), pairs.particle_id,
+                         pairs.eligible)
+
+
+def draw_random_pairs(num_pairs: int, particle_id: torch.Tensor, eligible: torch.Tensor, fraction: float = 0.2,
+                      generator: torch.Generator | None = None,
+                      device: Union[str, torch.device, None] = None) -> TrackingPairs | None:
+    """The random pairs :func:`add_random_pairs` appends to a list of ``num_pairs`` pairs, on their own
+    (one draw from ``generator``, so both give the same pairs from the same generator state).
+
+    Args:
+        particle_id, eligible: ``(n,)`` per-hit ids and filter flags (as in :class:`TrackingPairs`).
+        device: where the returned pairs live (default: ``particle_id``'s device).
+    Returns:
+        :class:`TrackingPairs` whose ``edge_index`` ``(2, M)`` holds both directions of each random
+        pair, sorted by (anchor, other), or None when there are none to draw
+        (``int(fraction·num_pairs/2) == 0`` or n < 2; nothing is drawn then).
+    """
     if not (fraction >= 0):
         raise ValueError(f"fraction: must be >= 0, got {fraction}")
-    n = pairs.num_hits
-    m = int(pairs.num_pairs * fraction / 2)
+    n = int(particle_id.shape[0])
+    m = int(num_pairs * fraction / 2)
     if m == 0 or n < 2:
-        return pairs
-    dev = pairs.edge_index.device
+        return None
+    dev = particle_id.device if device is None else torch.device(device)
     rnd = torch.randint(0, n, (2, m), generator=generator)
     extra = _undirected_sorted(rnd[0], rnd[1], n).to(dev)
-    edge_index = torch.cat([pairs.edge_index, extra], dim=1)
-    is_pos = torch.cat([pairs.is_positive, _label_pairs(extra, pairs.particle_id.to(dev), pairs.eligible.to(dev))])
-    return TrackingPairs(edge_index, is_pos, pairs.particle_id, pairs.eligible)
+    pid, elig = particle_id.to(dev), eligible.to(dev)
+    return TrackingPairs(extra, _label_pairs(extra, pid, elig), pid, elig)
 
 
 # ----------------------------------------------------------------------------------------

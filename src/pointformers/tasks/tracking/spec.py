@@ -100,7 +100,8 @@ def _load(cfg: Mapping[str, Any], splits: Sequence[str], progress: bool = False)
     events = load_tracking_splits(data_params(d), splits, cache_dir=d["cache_dir"], seed=d["seed"])
     return {s: prepare_tracking_clouds(events[s], with_pairs=s == "train", radius=t["radius"],
                                        max_num_neighbors=t["max_num_neighbors"], pt_min=t["pt_min"],
-                                       progress=progress and s == "train", desc=f"{s} pairs")
+                                       progress=progress and s == "train", desc=f"{s} pairs",
+                                       cache_dir=d["cache_dir"])
             for s in splits}
 
 

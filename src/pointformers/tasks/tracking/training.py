@@ -3,10 +3,11 @@
 * :func:`prepare_tracking_clouds` turns :class:`~pointformers.data.event.TrackingEvent`
   clouds into :class:`TrackingCloud` samples once: model inputs (float32) and, for training
   clouds, the authors' labelled pairs (:func:`~.core.build_tracking_pairs`), so an
-  epoch does no neighbour search.
+  epoch does no neighbour search. The pairs are cached on disk next to the generated data,
+  keyed by the pair parameters and the clouds' contents, so a later run does not rebuild them.
 * :class:`TrackingTask` implements the engine's task protocol: ``loss(model, cloud,
   generator)`` is the InfoNCE loss on the cloud's pairs plus fresh random pairs (as the
-  authors do every step); ``evaluate(model, clouds)`` returns AP@k (the code's
+  authors do every step: the one per-step part); ``evaluate(model, clouds)`` returns AP@k (the code's
   ``accuracy@0.9``) averaged over clouds, with precision@K and recall@K.
 * :func:`evaluate_embeddings` scores any per-cloud embeddings, e.g. the kNN-in-(η, φ)
   baseline (:func:`knn_baseline_metrics`).
@@ -17,9 +18,12 @@
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from pathlib import Path
+from typing import Iterable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -32,9 +36,9 @@ from .trackml_score import trackml_like_weights, trackml_score, trackml_score_sp
 from .core import (
     TrackingInputs,
     TrackingPairs,
-    add_random_pairs,
     ap_at_k_split,
     build_tracking_pairs,
+    draw_random_pairs,
     infonce_loss,
     knn_eta_phi_embedding,
     tracking_inputs,
@@ -45,6 +49,7 @@ __all__ = [
     "TrackingCloud",
     "TrackingTask",
     "prepare_tracking_clouds",
+    "cached_half_pairs",
     "cloud_truth_weights",
     "cloud_particle_eta",
     "track_matching_report",
@@ -94,13 +99,102 @@ class TrackingCloud:
 
     def pairs(self) -> TrackingPairs:
         """The full undirected :class:`TrackingPairs` (both directions, int64)."""
+        return self.training_pairs(0.0)
+
+    def training_pairs(self, fraction: float, generator: torch.Generator | None = None) -> TrackingPairs:
+        """The pairs of one training step: the listed pairs plus the random pairs
+        :func:`~.core.add_random_pairs` would append (``fraction``; one draw from ``generator``,
+        none when 0), laid out mirrored: ``[half, half reversed]`` with ``half`` = the listed
+        pairs one way then the random ones one way (a < b), so :func:`~.core.infonce_loss`
+        computes each distance once. ``edge_index`` (2, E) int64, ``is_positive`` (E,) bool.
+        """
         if self.half_edges is None or self.half_positive is None:
             raise ValueError("cloud: has no pairs; prepare it with with_pairs=True to train on it")
-        e = self.half_edges.long()
+        half, pos = self.half_edges.long(), self.half_positive
         eligible = ((self.inputs.particle_id != 0) & self.inputs.reconstructable
                     & (self.inputs.pt > self.pt_min))
-        return TrackingPairs(torch.cat([e, e.flip(0)], dim=1), self.half_positive.repeat(2),
-                             self.inputs.particle_id, eligible)
+        if fraction > 0:
+            extra = draw_random_pairs(2 * half.shape[1], self.inputs.particle_id, eligible, fraction, generator)
+            if extra is not None:
+                one_way = extra.edge_index[0] < extra.edge_index[1]  # random pairs hold no self pairs
+                half = torch.cat([half, extra.edge_index[:, one_way]], dim=1)
+                pos = torch.cat([pos, extra.is_positive[one_way]])
+        return TrackingPairs(torch.cat([half, half.flip(0)], dim=1), pos.repeat(2), self.inputs.particle_id,
+                             eligible)
+
+
+#: Version of the stored training pairs: bump it when :func:`~.core.build_tracking_pairs` changes
+#: its output, so cached pairs of the old builder are not reused.
+PAIRS_VERSION = 1
+
+
+def _half_pairs(inputs: Sequence[TrackingInputs], radius: float, max_num_neighbors: int, pt_min: float,
+                progress: bool, desc: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One direction (a < b) of each cloud's labelled pairs, built: ``(2, E/2)`` int32 and ``(E/2,)`` bool."""
+    it: Iterable[TrackingInputs] = inputs
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(inputs, desc=desc, leave=False, dynamic_ncols=True)
+    out = []
+    for inp in it:
+        p = build_tracking_pairs(inp, radius=radius, max_num_neighbors=max_num_neighbors, pt_min=pt_min)
+        keep = p.edge_index[0] < p.edge_index[1]  # the list is symmetric: keep one direction
+        out.append((p.edge_index[:, keep].to(torch.int32).contiguous(), p.is_positive[keep].contiguous()))
+    return out
+
+
+def _pair_inputs_digest(inputs: Sequence[TrackingInputs]) -> str:
+    """SHA-256 of everything :func:`~.core.build_tracking_pairs` reads from the clouds (positions,
+    particle ids, reconstructable flags, pT; dtypes and shapes included), in order."""
+    h = hashlib.sha256()
+    for inp in inputs:
+        for t in (inp.pos, inp.particle_id, inp.reconstructable, inp.pt):
+            a = np.ascontiguousarray(t.detach().cpu().numpy())
+            h.update(f"{a.dtype.str}{a.shape};".encode())
+            h.update(a.view(np.uint8).reshape(-1))
+    return h.hexdigest()
+
+
+def cached_half_pairs(inputs: Sequence[TrackingInputs], radius: float = 1.0, max_num_neighbors: int = 256,
+                      pt_min: float = 0.9, cache_dir: str | os.PathLike | None = None, progress: bool = False,
+                      desc: str = "pairs") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One direction of every cloud's labelled pairs (:attr:`TrackingCloud.half_edges` ``(2, E/2)`` int32,
+    :attr:`TrackingCloud.half_positive` ``(E/2,)`` bool; ``cache_dir`` as in :func:`prepare_tracking_clouds`),
+    from one cache entry of ``<cache_dir>/tracking`` keyed by
+    the pair parameters, :data:`PAIRS_VERSION` and the clouds' contents (so any change rebuilds);
+    built and stored (atomically, :func:`~pointformers.data.cache.cached_arrays`) on a miss."""
+    from ...data.cache import cached_arrays, default_cache_dir
+
+    key = {"builder": "pointformers.tracking.pairs", "version": PAIRS_VERSION, "radius": float(radius),
+           "max_num_neighbors": int(max_num_neighbors), "pt_min": float(pt_min), "backend": "auto",
+           "num_clouds": len(inputs), "inputs_sha256": _pair_inputs_digest(inputs)}
+
+    def build() -> dict[str, np.ndarray]:
+        halves = _half_pairs(inputs, radius, max_num_neighbors, pt_min, progress, desc)
+        sizes = [e.shape[1] for e, _ in halves]
+        return {"offsets": np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64),
+                "edges": np.concatenate([e.numpy() for e, _ in halves], axis=1) if halves
+                else np.zeros((2, 0), np.int32),
+                "positive": np.concatenate([p.numpy() for _, p in halves]) if halves else np.zeros(0, bool)}
+
+    def check(arrays) -> None:
+        if not {"offsets", "edges", "positive"} <= set(arrays):
+            raise ValueError("inconsistent pair cache entry")
+        off, edges, pos = arrays["offsets"], arrays["edges"], arrays["positive"]
+        n = [inp.num_hits for inp in inputs]
+        if (off.shape != (len(inputs) + 1,) or off[0] != 0 or (np.diff(off) < 0).any() or edges.dtype != np.int32
+                or edges.shape != (2, off[-1]) or pos.dtype != bool or pos.shape != (off[-1],)
+                or any(b > a and (edges[:, a:b].min() < 0 or edges[:, a:b].max() >= k)
+                       for a, b, k in zip(off[:-1], off[1:], n))):
+            raise ValueError("inconsistent pair cache entry")
+
+    root = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "tracking"
+    arrays = cached_arrays(root, f"pairs-{len(inputs)}clouds", key, build, validate=check)
+    off, edges, pos = arrays["offsets"], arrays["edges"], arrays["positive"]
+    # own copies: a view would keep (and pickle, e.g. to distributed workers) the whole split's arrays
+    return [(torch.from_numpy(edges[:, a:b].copy()), torch.from_numpy(pos[a:b].copy()))
+            for a, b in zip(off[:-1], off[1:])]
 
 
 def prepare_tracking_clouds(
@@ -112,6 +206,7 @@ def prepare_tracking_clouds(
     keep_events: bool = False,
     progress: bool = False,
     desc: str = "pairs",
+    cache_dir: str | os.PathLike | None | Literal[False] = None,
 ) -> list[TrackingCloud]:
     """Precompute inputs (and pairs) of every cloud once.
 
@@ -120,23 +215,24 @@ def prepare_tracking_clouds(
         with_pairs: build the training pairs (the authors' pair generation; ``radius`` and ``max_num_neighbors``
             are the authors' radius graph in (η, φ), ``pt_min`` the positive filter).
         keep_events: keep a reference to each source event (for event displays).
-        progress: show a tqdm bar.
+        progress: show a tqdm bar while pairs are built.
+        cache_dir: folder of the on-disk cache the pairs are kept in (the generated data's,
+            :func:`~pointformers.data.tracking.load_tracking_dataset`; None: its default,
+            ``$POINTFORMERS_CACHE`` or ``~/.cache/pointformers``), one entry per list of events
+            keyed by the pair parameters and the clouds' contents; False: build them without a cache.
     """
+    if not (cache_dir is None or cache_dir is False or isinstance(cache_dir, (str, os.PathLike))):
+        raise ValueError(f"cache_dir: expected a folder, None (the default folder) or False (no cache), "
+                         f"got {cache_dir!r}")
     events = list(events)
-    it: Iterable[TrackingEvent] = events
-    if progress:
-        from tqdm.auto import tqdm
-
-        it = tqdm(events, desc=desc, leave=False, dynamic_ncols=True)
+    inputs = [tracking_inputs(ev, dtype=torch.float32) for ev in events]
+    halves: list[tuple[torch.Tensor | None, torch.Tensor | None]] = [(None, None)] * len(events)
+    if with_pairs and cache_dir is False:
+        halves = _half_pairs(inputs, radius, max_num_neighbors, pt_min, progress, desc)
+    elif with_pairs:
+        halves = cached_half_pairs(inputs, radius, max_num_neighbors, pt_min, cache_dir, progress, desc)
     out = []
-    for ev in it:
-        inp = tracking_inputs(ev, dtype=torch.float32)
-        half_e = half_p = None
-        if with_pairs:
-            p = build_tracking_pairs(inp, radius=radius, max_num_neighbors=max_num_neighbors, pt_min=pt_min)
-            keep = p.edge_index[0] < p.edge_index[1]  # the list is symmetric: keep one direction
-            half_e = p.edge_index[:, keep].to(torch.int32).contiguous()
-            half_p = p.is_positive[keep].contiguous()
+    for ev, inp, (half_e, half_p) in zip(events, inputs, halves):
         weight = torch.as_tensor(np.asarray(ev.weight, dtype=np.float64))
         eta = torch.as_tensor(np.nan_to_num(ev.per_hit(particle_eta(ev.px, ev.py, ev.pz), 0.0), nan=0.0))
         own = None if ev.sector_own is None else torch.as_tensor(np.asarray(ev.sector_own, dtype=bool))
@@ -229,18 +325,6 @@ def knn_baseline_metrics(clouds: Sequence[TrackingCloud], pt_min: float = 0.9, K
     return evaluate_embeddings([knn_eta_phi_embedding(c.inputs) for c in clouds], clouds, pt_min, K)
 
 
-def _mirrored(pairs: TrackingPairs, n_listed: int) -> TrackingPairs:
-    """The same directed pairs laid out as ``[half, half reversed]`` so :func:`infonce_loss`
-    computes each distance once. ``pairs`` = a mirrored list of ``n_listed`` pairs followed by
-    undirected random pairs (both directions of each, as :func:`add_random_pairs` appends)."""
-    h = n_listed // 2
-    extra = pairs.edge_index[:, n_listed:]
-    one_way = extra[0] < extra[1]  # no self pairs among the random ones
-    half = torch.cat([pairs.edge_index[:, :h], extra[:, one_way]], dim=1)
-    pos = torch.cat([pairs.is_positive[:h], pairs.is_positive[n_listed:][one_way]])
-    return TrackingPairs(torch.cat([half, half.flip(0)], dim=1), pos.repeat(2), pairs.particle_id, pairs.eligible)
-
-
 class TrackingTask:
     """InfoNCE training and AP@k evaluation of per-hit embeddings (the authors' loss and metric).
 
@@ -285,12 +369,15 @@ class TrackingTask:
 
     def loss(self, model: nn.Module, cloud: TrackingCloud, generator: torch.Generator | None = None) -> torch.Tensor:
         """InfoNCE of one cloud; random extra pairs are drawn from ``generator``."""
-        pairs = cloud.pairs()
-        if self.random_pairs > 0:
-            pairs = _mirrored(add_random_pairs(pairs, self.random_pairs, generator=generator), pairs.num_pairs)
+        pairs = cloud.training_pairs(self.random_pairs, generator)
         dev = next(model.parameters()).device
         emb = model(cloud.inputs.x.to(dev), cloud.inputs.coords.to(dev))
-        return infonce_loss(emb, pairs.to(dev), similarity=self.similarity, tau=self.tau, sigma=self.sigma)
+        return self.pair_loss(emb, pairs.to(dev))
+
+    def pair_loss(self, emb: torch.Tensor, pairs: TrackingPairs) -> torch.Tensor:
+        """The task's InfoNCE (:func:`~.core.infonce_loss` with its options) of embeddings ``(n, d)``
+        on ``pairs`` (e.g. :meth:`TrackingCloud.training_pairs`); a scalar."""
+        return infonce_loss(emb, pairs, similarity=self.similarity, tau=self.tau, sigma=self.sigma)
 
     @torch.no_grad()
     def embed(self, model: nn.Module, clouds: Sequence[TrackingCloud]) -> list[torch.Tensor]:
