@@ -96,3 +96,23 @@ def test_speed_comparison_small(tmp_path):
 
 def test_ordering_checks_ignore_other_tasks():
     assert check_orderings([{"model": "HEPT", "metric": "ap", "ap": 0.4}]) == []
+
+
+def test_comparison_split_over_processes_resumes_into_one_table(tmp_path):
+    """compare --resume: two calls on disjoint configs, then one over both with resume, give the rows a
+    single call gives (finished runs are only evaluated); without resume a used folder is refused."""
+    from pointformers.bench.hep_comparison import compare_configs
+
+    configs = ["configs/tracking-hept-small.yaml", "configs/tracking-performer-small.yaml"]
+    common = dict(preset="tiny", epochs=1, overrides=[f"data.cache_dir={tmp_path / 'cache'}", "model.options.n_layers=1"],
+                  repeats=1, max_timing_events=1, log=None)
+    first = compare_configs(configs[:1], out_dir=tmp_path / "runs", **common)
+    second = compare_configs(configs[1:], out_dir=tmp_path / "runs", **common)
+    both = compare_configs(configs, out_dir=tmp_path / "runs", resume=True, **common)
+    for alone, joined in zip(first + second, both):
+        assert joined["ap@k"] == alone["ap@k"] and joined["train_s"] == alone["train_s"] > 0
+        assert joined["best_epoch"] == alone["best_epoch"] == 1
+    with pytest.raises(ValueError, match="holds a run"):
+        compare_configs(configs[:1], out_dir=tmp_path / "runs", **common)
+    again = compare_configs(configs[:1], out_dir=tmp_path / "runs", overwrite=True, **common)
+    assert again[0]["ap@k"] == first[0]["ap@k"]  # trained again from scratch: the same seeded run

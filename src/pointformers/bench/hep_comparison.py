@@ -209,7 +209,8 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
                     out_dir: str | os.PathLike = "runs/hep-comparison", device: str = "auto", repeats: int = 3,
                     max_timing_events: int = 10, overrides: Sequence[str] = (), doc: str | None = None,
                     command: str | None = None, progress: bool = False,
-                    log: Callable[[str], None] | None = print) -> list[dict[str, Any]]:
+                    log: Callable[[str], None] | None = print, resume: bool = False,
+                    overwrite: bool = False) -> list[dict[str, Any]]:
     """Train, evaluate and time every config on ``preset``; optionally write the table to ``doc``.
 
     Args:
@@ -223,12 +224,20 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
         overrides: extra ``section.key=value`` items applied to every config.
         doc: markdown file to update (section ``hep-comparison-<preset>``); None = do not write.
         command: the command line recorded in the doc (default: this process's argv).
+        resume: continue the run folders already in ``out_dir`` (the engine's ``--resume``: same
+            config, exact continuation) instead of refusing them, so a comparison stopped part-way,
+            or split over several processes with disjoint ``configs``, ends as one uninterrupted
+            run would: finished runs are only evaluated. ``train_s`` is always the sum of the
+            epochs' own times (training and validation), not this call's wall time.
+        overwrite: replace the runs already in ``out_dir`` (their checkpoints and metrics) instead.
+            Neither: a run folder that holds a run is refused (``RunFolderError``).
     Returns:
         One dict per config: ``config, model, params, metric`` and the test metrics (``ap@k``,
         ``trackml_score``, ``dbscan_eps``... for tracking), ``infer_ms``, ``peak_mb``,
         ``hits_per_event``, ``train_s``, ``epochs``, ``best_epoch``.
     """
     from ..engine import TrainConfig, fit
+    from ..engine.run_folder import RunLock, check_run_folder, remove_run_files
     from .. import models
 
     if not configs:
@@ -261,10 +270,15 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
         tcfg = TrainConfig(**{**cfg["train"], "device": str(dev)})
         say(f"[{len(rows) + 1}/{len(configs)}] {label} ({path}): {_count_params(model)} parameters, "
             f"{tcfg.epochs} epochs")
-        t0 = time.perf_counter()
-        res = fit(model, task, samples["train"], samples["val"], tcfg, run_dir, cfg["model"]["name"],
-                  cfg["model"]["options"], log=None)
-        train_s = time.perf_counter() - t0
+        # a run folder holding another run is refused unless resuming; the lock keeps a second
+        # comparison (e.g. one split over processes with overlapping configs) out of it
+        check_run_folder(run_dir, resume=resume, overwrite=overwrite)
+        with RunLock(run_dir):
+            if overwrite:
+                remove_run_files(run_dir)
+            res = fit(model, task, samples["train"], samples["val"], tcfg, run_dir, cfg["model"]["name"],
+                      cfg["model"]["options"], log=None, resume=resume)
+        train_s = sum(float(r["seconds"]) for r in res.history)  # every epoch's, resumed ones too
         model = model.to(dev)
         if hasattr(task, "evaluate_report"):
             test = task.evaluate_report(model, samples["val"], samples["test"])
@@ -289,7 +303,9 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
     for c in checks:
         say(c)
     if doc is not None:
-        cmd = command or recorded_command("pointformers.bench.hep_comparison", sys.argv[1:])
+        # --resume changes no result: the recorded command is the one that reproduces the table
+        cmd = command or recorded_command("pointformers.bench.hep_comparison",
+                                          [a for a in sys.argv[1:] if a not in ("--resume", "--overwrite")])
         text = (f"Machine: {machine()}; device {dev}. Data preset `{tag}`; test split; every model trained with "
                 f"its config's `train` section{f' for {epochs} epochs' if epochs is not None else ''}.\n\n"
                 + comparison_table(rows) + ("\n\n" + "\n".join(f"- {c}" for c in checks) if checks else ""))
@@ -441,7 +457,9 @@ def speed_comparison(n_hits: int = 60000, configs: Sequence[str] = DEFAULT_SPEED
         say(f"{r['model']:>18}: {r['median_ms']:9.1f} ms, peak {r['peak_mb']:.0f} MB"
             + (f", {r['vs_hept']:.1f}x HEPT's time" if r["vs_hept"] is not None else ""))
     if doc is not None:
-        cmd = command or recorded_command("pointformers.bench.hep_comparison", sys.argv[1:])
+        # --resume changes no result: the recorded command is the one that reproduces the table
+        cmd = command or recorded_command("pointformers.bench.hep_comparison",
+                                          [a for a in sys.argv[1:] if a not in ("--resume", "--overwrite")])
         _write_doc(doc, f"hep-speed-{n_hits}", speed_table(result), cmd)
         say(f"wrote section hep-speed-{n_hits} of {doc}")
     return result
@@ -479,6 +497,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--timing-events", type=int, default=10)
     c.add_argument("--set", nargs="*", default=[], metavar="SECTION.KEY=VALUE")
     c.add_argument("--write", default=None, metavar="DOC.md")
+    c.add_argument("--resume", action="store_true",
+                   help="continue the run folders in --out (a comparison stopped part-way, or split over "
+                        "processes with disjoint --configs): finished runs are only evaluated")
+    c.add_argument("--overwrite", action="store_true", help="replace the runs already in --out")
     s = sub.add_parser("speed", help="HEPT vs the kNN-graph GNNs on one large event")
     s.add_argument("--hits", type=int, default=60000)
     s.add_argument("--configs", nargs="+", default=list(DEFAULT_SPEED_CONFIGS))
@@ -490,7 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if a.cmd == "compare":
             compare_configs(a.configs, a.preset, a.epochs, a.out, a.device, a.repeats, a.timing_events, a.set,
-                            a.write, progress=sys.stderr.isatty())
+                            a.write, progress=sys.stderr.isatty(), resume=a.resume, overwrite=a.overwrite)
         else:
             speed_comparison(a.hits, a.configs, a.repeats, a.device, a.seed, a.write)
     except ValueError as exc:
