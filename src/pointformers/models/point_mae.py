@@ -195,6 +195,16 @@ def _check_int(name: str, v: Any, low: int) -> None:
         raise ValueError(f"{name}: expected an integer >= {low}, got {v!r}")
 
 
+def _check_encoder_options(depth, heads, head_dim, pos_hidden, ffn_hidden, eval_cycle) -> None:
+    """The options PointMAE and PointMAEClassifier share: ValueError naming the bad one."""
+    for name, value in (("depth", depth), ("heads", heads), ("head_dim", head_dim), ("pos_hidden", pos_hidden)):
+        _check_int(name, value, 1)
+    if ffn_hidden is not None:
+        _check_int("ffn_hidden", ffn_hidden, 1)
+    if eval_cycle not in _EVAL_CYCLES:
+        raise ValueError(f"eval_cycle: expected one of {_EVAL_CYCLES}, got {eval_cycle!r}")
+
+
 # ------------------------------------------------------------------------------------------------
 # pre-training model
 # ------------------------------------------------------------------------------------------------
@@ -229,18 +239,11 @@ class PointMAE(nn.Module):
                  tokenizer_hidden: int = 16, pos_hidden: int = 128, in_dim: int = 0, attention: str = "full",
                  attention_options: dict | None = None, eval_cycle: str = "coordinates", seed: int = 0):
         super().__init__()
-        _check_int("depth", depth, 1)
+        _check_encoder_options(depth, heads, head_dim, pos_hidden, ffn_hidden, eval_cycle)
         _check_int("decoder_depth", decoder_depth, 1)
-        _check_int("heads", heads, 1)
-        _check_int("head_dim", head_dim, 1)
-        _check_int("pos_hidden", pos_hidden, 1)
         _check_int("seed", seed, 0)
-        if ffn_hidden is not None:
-            _check_int("ffn_hidden", ffn_hidden, 1)
         if isinstance(mask_ratio, bool) or not isinstance(mask_ratio, (int, float)) or not 0 <= mask_ratio < 1:
             raise ValueError(f"mask_ratio: expected a number in [0, 1), got {mask_ratio!r}")
-        if eval_cycle not in _EVAL_CYCLES:
-            raise ValueError(f"eval_cycle: expected one of {_EVAL_CYCLES}, got {eval_cycle!r}")
         ffn_hidden = ffn_hidden or dim
         #: the constructor options (for :meth:`PointMAEClassifier.from_pretrained`)
         self.config = dict(num_groups=num_groups, group_size=group_size, dim=dim, depth=depth,
@@ -339,14 +342,7 @@ class PointMAEClassifier(nn.Module):
                  decoder_depth: int | None = None, mask_ratio: float | None = None, seed: int | None = None):
         super().__init__()
         _check_int("num_classes", num_classes, 1)
-        _check_int("depth", depth, 1)
-        _check_int("heads", heads, 1)
-        _check_int("head_dim", head_dim, 1)
-        _check_int("pos_hidden", pos_hidden, 1)
-        if ffn_hidden is not None:
-            _check_int("ffn_hidden", ffn_hidden, 1)
-        if eval_cycle not in _EVAL_CYCLES:
-            raise ValueError(f"eval_cycle: expected one of {_EVAL_CYCLES}, got {eval_cycle!r}")
+        _check_encoder_options(depth, heads, head_dim, pos_hidden, ffn_hidden, eval_cycle)
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
             raise ValueError(f"dropout: expected a number in [0, 1), got {dropout!r}")
         ffn_hidden = ffn_hidden or dim
