@@ -258,3 +258,53 @@ def test_hept_all_heads_at_once_equals_one_head_at_a_time():
             blk.mixer.all_heads = True
         at_once = model(xs, cs)
     torch.testing.assert_close(at_once, per_head, rtol=1e-9, atol=1e-9)
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_hept_parallel_heads_equal_one_after_another(two_threads, monkeypatch):
+    """With several intra-op threads the per-head CPU inference path runs heads in parallel
+    threads, each kernel on one thread: the output equals a one-thread run bit for bit (float32,
+    the published model, where a rounding difference would move points between blocks), and
+    torch's thread count is restored."""
+    from pointformers.attention import block_attention
+    from pointformers.models import from_reference_checkpoint
+
+    monkeypatch.setattr(block_attention, "PARALLEL_MIN_ROWS", 1000)
+    model = from_reference_checkpoint()
+    g = torch.Generator().manual_seed(3)
+    xs, cs = torch.randn(2345, 15, generator=g), torch.randn(2345, 6, generator=g)
+    calls = []
+    real = block_attention.run_heads
+    monkeypatch.setattr(block_attention, "run_heads", lambda fn, h, w: calls.append(w) or real(fn, h, w))
+    with torch.no_grad():
+        parallel = model(xs, cs)
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        one_thread = model(xs, cs)
+        torch.set_num_threads(2)
+    assert calls[:4] == [2, 2, 2, 2] and set(calls[4:]) == {1}  # parallel at 2 threads, then one thread
+    assert torch.equal(parallel, one_thread)
+    assert torch.get_num_threads() == 2
+
+
+def test_run_heads_reraises_a_worker_error_and_restores_threads(two_threads):
+    from pointformers.attention.block_attention import run_heads
+
+    seen = []
+
+    def fn(h, w):
+        seen.append((h, w))
+        if h == 2:
+            raise ValueError("head 2 failed")
+
+    with pytest.raises(ValueError, match="head 2 failed"):
+        run_heads(fn, 4, 2)
+    assert torch.get_num_threads() == 2
+    assert sorted(seen)[:2] == [(0, 0), (1, 1)]  # worker w takes heads w, w + 2, …

@@ -27,7 +27,9 @@ def test_version_1_checkpoint_loads_and_computes_the_same(tag):
     ex = ck["example"]
     with torch.no_grad():
         y = model(ex["x"], ex["pos"])
-    torch.testing.assert_close(y, ex["y"], rtol=0, atol=0)
+    # float rounding only: the block kernel's exp is exp2 of a scaled product since the example was
+    # saved (a wrongly migrated weight would move outputs by far more)
+    torch.testing.assert_close(y, ex["y"], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("tag", ["sft-cls", "samsa-cls", "sampled-cls", "flt-seq"])

@@ -59,9 +59,39 @@ def _rows(mat: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return mat.index_select(0, idx.reshape(-1)).view(*idx.shape, mat.shape[1])
 
 
+#: log2(e): below float64 the fused path computes exp(l) as 2^(l·log2 e), the factor applied by
+#: the GEMM itself (its alpha), because the CPU's vectorised exp2 is about 3× faster than its exp
+#: (both value-independent; docs/benchmarks.md, "Notes on HEPT's CPU kernels"). The result differs
+#: from exp(l) by float rounding only; float64, the precision of exact comparisons with the
+#: authors' code, keeps exp itself.
+LOG2E = 1.4426950408889634
+
+
 def _scores(logits: torch.Tensor) -> torch.Tensor:
     """exp(clamp(logits, −87, 0)), in place. (c, b, b)."""
     return logits.clamp_(LOGIT_FLOOR, 0.0).exp_()
+
+
+def _block_logits(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    """log2(e)·Q Kᵀ per block: (c, b, D), (c, b, D) -> (c, b, b) (the scale is the GEMM's alpha)."""
+    return torch.baddbmm(Q.new_empty(()).expand(Q.shape[0], Q.shape[1], K.shape[1]), Q, K.transpose(1, 2),
+                         beta=0.0, alpha=LOG2E)
+
+
+def _scores2(logits2: torch.Tensor) -> torch.Tensor:
+    """exp(clamp(l, −87, 0)) from l·log2(e) (:func:`_block_logits`), in place, as 2^(·). (c, b, b)."""
+    return logits2.clamp_(LOGIT_FLOOR * LOG2E, 0.0).exp2_()
+
+
+def _chunk_logits(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    """The logits of a chunk of blocks in the form :func:`_chunk_scores` takes: scaled by log2(e)
+    below float64, plain Q Kᵀ in float64. (c, b, D) ×2 -> (c, b, b)."""
+    return torch.bmm(Q, K.transpose(1, 2)) if Q.dtype == torch.float64 else _block_logits(Q, K)
+
+
+def _chunk_scores(logits: torch.Tensor) -> torch.Tensor:
+    """exp(clamp(l, −87, 0)) of :func:`_chunk_logits`' output, in place."""
+    return _scores(logits) if logits.dtype == torch.float64 else _scores2(logits)
 
 
 def augment_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor):
@@ -94,7 +124,7 @@ def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int, out=None):
     acc = va.new_zeros(va.shape)  # [Σ_t numerator, Σ_t denominator] per row
     for s in range(0, bq_all.shape[0], chunk_blocks):
         bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
-        scores = _scores(torch.bmm(_rows(qa, bq), _rows(ka, bk).transpose(1, 2)))
+        scores = _chunk_scores(_chunk_logits(_rows(qa, bq), _rows(ka, bk)))
         acc.index_add_(0, bq.reshape(-1), torch.bmm(scores, _rows(va, bk)).flatten(0, 1))
     den = acc[:, -1] + iq.shape[1] * DENOM_EPS
     return torch.div(acc[:, :-1], den[:, None], out=out), den
@@ -113,9 +143,9 @@ def _attend_backward(qa, ka, va, iq, ik, out, den, grad_out, block_size: int, ch
         bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
         fq, fk = bq.reshape(-1), bk.reshape(-1)
         Q, K, V = _rows(qa, bq), _rows(ka, bk), _rows(va, bk)
-        logits = torch.bmm(Q, K.transpose(1, 2))
+        logits = _chunk_logits(Q, K)
         above = logits > 0  # the clamp at 0 passes no gradient there
-        scores = _scores(logits)  # in place: logits are not needed again
+        scores = _chunk_scores(logits)  # in place: logits are not needed again
         dNV = _rows(dacc, bq)
         dva.index_add_(0, fk, torch.bmm(scores.transpose(1, 2), dNV).flatten(0, 1))
         dlog = torch.bmm(dNV, V.transpose(1, 2)).mul_(scores).masked_fill_(above, 0.0)
@@ -163,6 +193,62 @@ def head_rows(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Te
     return qa, ka, va
 
 
+#: Run the heads of the per-head CPU inference path in parallel Python threads (see
+#: :func:`run_heads`); False: one after another, every kernel split across torch's threads.
+PARALLEL_HEADS = True
+
+#: Fewest rows (points of all clouds, padded) for which :func:`head_workers` runs heads in
+#: parallel: below it a head's kernels are short and the threads mostly wait for each other on
+#: Python's interpreter lock (measured in docs/benchmarks.md, "Notes on HEPT's CPU kernels").
+PARALLEL_MIN_ROWS = 16384
+
+
+def head_workers(heads: int, xp: torch.Tensor, training: bool) -> int:
+    """Threads :func:`run_heads` uses for the rows ``xp`` (P, ·): torch's intra-op thread count (at
+    most one per head) in CPU inference of at least :data:`PARALLEL_MIN_ROWS` rows when
+    :data:`PARALLEL_HEADS`; otherwise 1 (one head after another). Training keeps one after
+    another: its backward pass would need a gradient accumulator per thread, and at the sizes
+    it runs its kernels are short."""
+    if (not PARALLEL_HEADS or training or xp.device.type != "cpu" or is_tracing()
+            or xp.shape[0] < PARALLEL_MIN_ROWS):
+        return 1
+    return max(1, min(torch.get_num_threads(), heads))
+
+
+def run_heads(fn, heads: int, workers: int) -> None:
+    """``fn(h, w)`` for every head h, by worker w of ``workers``: worker w takes heads w, w + workers, …
+    in order (a fixed assignment, so anything a worker accumulates is reproducible).
+
+    With more than one worker the workers are Python threads and every kernel runs on one
+    intra-op thread (torch's thread count is set to 1 meanwhile and restored after): the heads
+    are independent, each small kernel keeps its data in its core's cache, and no kernel pays
+    for splitting a few hundred microseconds of work across threads. A kernel's result then
+    equals a one-thread run's (elementwise kernels round the tail of each thread's share through
+    a scalar path, so results can differ by float rounding between thread counts otherwise).
+    """
+    if workers <= 1:
+        for h in range(heads):
+            fn(h, 0)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    grad = torch.is_grad_enabled()  # thread-local: a new thread starts with autograd on
+
+    def worker(w: int) -> None:
+        with torch.set_grad_enabled(grad):
+            for h in range(w, heads, workers):
+                fn(h, w)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            for f in [pool.submit(worker, w) for w in range(workers)]:
+                f.result()  # re-raises a worker's exception here
+    finally:
+        torch.set_num_threads(threads)
+
+
 class _ProjectedSortedBlockAttention(torch.autograd.Function):
     """Rows are linear projections of a narrow input, built and attended one head at a time.
 
@@ -180,17 +266,23 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
         dv = wv.shape[0] // heads - 1
         out = xp.new_empty(P, heads, dv)
         den = xp.new_empty(P, heads)
-        orders = []
-        for h in range(heads):
+        keep = any(ctx.needs_input_grad[:4])  # training: the backward pass needs the sort orders
+        orders: list = [None] * heads
+
+        def head(h: int, _worker: int) -> None:
             qa, ka, va = head_rows(xp, wq, wk, wv, heads, h)
             iq, ik = sort_head(qa, ka, h)
             if is_tracing():  # torch.compile refuses a non-contiguous out=
                 out[:, h], den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks)
             else:
                 _, den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks, out=out[:, h])
-            orders.append(torch.stack([iq, ik]))
-        ctx.save_for_backward(xp, wq, wk, wv, torch.stack(orders), out, den)
-        ctx.heads, ctx.block_size, ctx.chunk_blocks = heads, block_size, chunk_blocks
+            if keep:
+                orders[h] = torch.stack([iq, ik])
+
+        run_heads(head, heads, head_workers(heads, xp, keep))
+        if keep:
+            ctx.save_for_backward(xp, wq, wk, wv, torch.stack(orders), out, den)
+            ctx.heads, ctx.block_size, ctx.chunk_blocks = heads, block_size, chunk_blocks
         return out.view(P, heads * dv)
 
     @staticmethod

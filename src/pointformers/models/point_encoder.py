@@ -11,7 +11,7 @@ from torch import nn
 from ..attention import ForwardContext, build as build_attention, check_attention_inputs, entry as attention_entry
 from ..attention import is_tracing, model_options
 from ..data.batch import packed_layout, run_flat
-from ..nn import MLP, TransformerBlock
+from ..nn import MLP, TransformerBlock, allocator
 
 
 class PointTransformerJK(nn.Module):
@@ -142,7 +142,15 @@ class PointTransformerJK(nn.Module):
                                       requires_pos=True, who=type(self).__name__)
 
     def _trunk(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor, context: ForwardContext) -> torch.Tensor:
-        """Encoder, blocks and head on checked inputs; ``context`` carries what the layers share."""
+        """Encoder, blocks and head on checked inputs; ``context`` carries what the layers share.
+        Large clouds on the CPU keep freed memory for reuse meanwhile (:mod:`~pointformers.nn.allocator`)."""
+        if allocator.large_cpu_input(x):
+            with allocator.keep_freed_memory():
+                return self._trunk_layers(x, coords, mask, context)
+        return self._trunk_layers(x, coords, mask, context)
+
+    def _trunk_layers(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor,
+                      context: ForwardContext) -> torch.Tensor:
         h = self.feat_encoder(x)
         if self.pos_encoder is not None:
             h = h + self.pos_encoder(coords)
