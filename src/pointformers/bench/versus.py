@@ -23,8 +23,11 @@ folder of another copy). Ratios are baseline time / this tree's time (> 1: this 
 per round and as the median over rounds. The section also states the measured FLOP time of the
 forward at the machine's oneDNN and MKL GEMM peaks (:mod:`.peak`).
 
+``--scale`` adds the forward's time and peak memory at larger sizes (one cold call per size and
+tree, smallest first), to read how each tree grows from the smallest to the largest.
+
 Usage: ``python -m pointformers.bench.versus --baseline cbf824f [--sizes 6000 60000]
-[--rounds 5] [--threads 2] [--write docs/benchmarks.md]``.
+[--rounds 5] [--threads 2] [--scale 60000 250000 1000000] [--write docs/benchmarks.md]``.
 """
 from __future__ import annotations
 
@@ -80,11 +83,12 @@ if mode == "forward":
     model = from_reference_checkpoint(ckpt)
     x, c = torch.load(data)
     with torch.no_grad():
-        y = model(x, c)
+        if reps > 0:  # a warm-up call; a negative count: |reps| cold calls (the large sizes of the scale curve)
+            y = model(x, c)
         times = []
         _, before = peak_and_rss()
         reset_peak()
-        for _ in range(reps):
+        for _ in range(abs(reps)):
             t = time.perf_counter()
             y = model(x, c)
             times.append(time.perf_counter() - t)
@@ -159,7 +163,7 @@ def _agreement(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-3) -> float:
 
 
 def compare(baseline_src: str, sizes: list[int], rounds: int, threads: int, calls: int, steps: int,
-            timeout: float, work: Path) -> dict:
+            timeout: float, work: Path, scale_sizes: list[int] = ()) -> dict:
     """Run every measurement ``rounds`` times, baseline and this tree alternated in fresh processes."""
     from ..models.hept_tracking import reference_checkpoint_path
     from ..tasks.tracking.core import generated_inputs
@@ -190,12 +194,19 @@ def compare(baseline_src: str, sizes: list[int], rounds: int, threads: int, call
             rows.setdefault("train", {}).setdefault(tree, []).append(
                 _run(py, worker, src, threads, "train", demo, ckpt, steps, timeout))
     plain = _run(py, worker, ours, threads, "train", demo, ckpt, steps, timeout, "plain")
+    scale: dict[int, dict[str, dict]] = {}
+    for n in scale_sizes:  # one cold call per (size, tree), smallest first
+        path = work / f"inputs-{n}.pt"
+        torch.save(generated_inputs(n, seed=0), path)
+        for tree, src in (("baseline", baseline_src), ("this", ours)):
+            scale.setdefault(n, {})[tree] = _run(py, worker, src, threads, "forward", path, ckpt, -1, timeout)
+        path.unlink()
     agree = {}
     for n in sizes:
         a, b = (Path(f"{inputs[n]}.{t}.out") for t in ("this", "baseline"))
         if a.exists() and b.exists():
             agree[n] = _agreement(torch.load(a), torch.load(b))
-    return {"rows": rows, "plain": plain, "agree": agree}
+    return {"rows": rows, "plain": plain, "agree": agree, "scale": scale}
 
 
 def _median(vals: list[dict], key: str) -> float:
@@ -233,12 +244,35 @@ def report(res: dict, baseline: str, threads: int, rounds: int, peaks: dict | No
                      f"difference {rel:.1e}; the plain path at {plain['clouds_per_s']:.2f} clouds/s.")
     for n, a in res["agree"].items():
         lines.append(f"- Forward at N = {n}: {a:.1%} of points' embeddings agree between the two trees to 1e-3 "
-                     f"(float32: HEPT's sort sends near-ties to other blocks under other rounding).")
+                     f"(float32; a tree whose arithmetic differs from the other's -- region sizes, padding, the "
+                     f"sort's tie order -- sends points to other blocks, and HEPT's output follows its blocks).")
+    if res.get("scale"):
+        sizes = sorted(res["scale"])
+        lines.append("")
+        lines.append(f"Scale: the forward at N = {', '.join(f'{n:,}' for n in sizes)} hits, one cold call per size and "
+                     f"tree in a fresh process (no warm-up: a second call at 1M would double the run), smallest first. "
+                     f"`× N₀` = time / time at N₀ = {sizes[0]:,} (linear: N / N₀); peak MB = resident memory growth "
+                     f"during the call.\n")
+        lines.append(f"| N | N / N₀ | baseline `{baseline}` s | × N₀ | peak MB | this tree s | × N₀ | peak MB | ratio |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        first = res["scale"][sizes[0]]
+        for n in sizes:
+            b, t = res["scale"][n]["baseline"], res["scale"][n]["this"]
+
+            def cells(v, v0):
+                if "error" in v:
+                    return f"failed: {v['error'][:80]} | | "
+                x0 = v0.get("seconds", float("nan"))
+                return f"{v['seconds']:.2f} | {v['seconds'] / x0:.1f} | {v['peak_mb']:.0f} "
+
+            ratio = (f"{b['seconds'] / t['seconds']:.2f}×" if "seconds" in b and "seconds" in t else "")
+            lines.append(f"| {n:,} | {n / sizes[0]:.1f} | {cells(b, first['baseline'])}| {cells(t, first['this'])}| {ratio} |")
+        lines.append("")
     if peaks:
         from .flops import hept_model_flops
 
         for n, s in peaks["forward"].items():
-            f = hept_model_flops(n).total
+            f = hept_model_flops(n).total()
             parts = [f"{f / 1e9:.1f} GFLOP"]
             for key, label in (("onednn_gflops", "oneDNN"), ("gflops", "MKL")):
                 if peaks["matmul"].get(key):
@@ -258,13 +292,16 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calls", type=int, default=3, help="timed forward calls per process (after a warm-up)")
     p.add_argument("--steps", type=int, default=12, help="timed training steps per process (after 3 warm-up)")
+    p.add_argument("--scale", type=int, nargs="*", default=[],
+                   help="sizes of the scale curve (one cold forward per size and tree), e.g. 60000 250000 1000000")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--write", default=None, help="markdown file whose 'versus' section is replaced")
+    p.add_argument("--json", default=None, help="also write the raw measurements to this JSON file")
     args = p.parse_args(argv)
     for name in ("rounds", "threads", "calls", "steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
-    if any(n < 1 for n in args.sizes):
+    if any(n < 1 for n in args.sizes + args.scale):
         p.error("--sizes must be positive")
     work = Path(tempfile.mkdtemp(prefix="pointformers-versus-"))
     tree = None
@@ -278,7 +315,12 @@ def main(argv: list[str] | None = None) -> str:
             tree = work / "baseline"
             src = str(baseline_tree(args.baseline, tree))
             label = args.baseline
-        res = compare(src, args.sizes, args.rounds, args.threads, args.calls, args.steps, args.timeout, work)
+        res = compare(src, args.sizes, args.rounds, args.threads, args.calls, args.steps, args.timeout, work,
+                      sorted(args.scale))
+        if args.json:
+            from ..files import atomic_write
+
+            atomic_write(args.json, lambda f: f.write(json.dumps(res, indent=1).encode()))
         torch.set_num_threads(args.threads)
         from .peak import matmul_peak
 
