@@ -42,6 +42,12 @@ LOGIT_FLOOR = -87.0
 #: Target number of score entries per chunk (fits in a core's L2 with its operands).
 DEFAULT_CHUNK_ELEMS = 1 << 18
 
+#: The default chunk is this many times larger in CPU training: a training step runs each chunk's
+#: kernels twice (forward, recomputing backward), and at the demo's 2-3k-hit clouds the per-kernel
+#: overhead of three chunks per head outweighs the cache (demo step at 2 threads: 4.31 against
+#: 4.09 clouds/s, two alternated rounds; docs/benchmarks.md, "Notes on HEPT's CPU kernels").
+TRAIN_CHUNK_FACTOR = 4
+
 #: The same on a GPU (64 M scores, 256 MB in float32): there each chunk costs a handful of kernel
 #: launches, so small chunks leave it launch-bound (docs/benchmarks.md, "GPU notes").
 DEFAULT_GPU_CHUNK_ELEMS = 1 << 26
@@ -200,7 +206,7 @@ PARALLEL_HEADS = True
 #: Fewest rows (points of all clouds, padded) for which :func:`head_workers` runs heads in
 #: parallel: below it a head's kernels are short and the threads mostly wait for each other on
 #: Python's interpreter lock (measured in docs/benchmarks.md, "Notes on HEPT's CPU kernels").
-PARALLEL_MIN_ROWS = 16384
+PARALLEL_MIN_ROWS = 4096
 
 
 def head_workers(heads: int, xp: torch.Tensor, training: bool) -> int:
@@ -511,6 +517,9 @@ def projected_sorted_block_attention(xp: torch.Tensor, wq: torch.Tensor, wk: tor
         out = sorted_block_attention_rows(qa.reshape(P * heads, -1), ka.reshape(P * heads, -1),
                                           va.reshape(P * heads, -1), iq, ik, block_size, chunk_elems)
         return out.view(P, -1)
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (xp, wq, wk, wv))
+    if training and chunk_elems == DEFAULT_CHUNK_ELEMS and xp.device.type == "cpu":
+        chunk_elems = DEFAULT_CHUNK_ELEMS * TRAIN_CHUNK_FACTOR
     chunk_blocks = chunk_blocks_for(chunk_elems, block_size, xp)
 
     def checked_sort(qa, ka, h):

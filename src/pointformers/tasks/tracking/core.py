@@ -348,14 +348,19 @@ def _label_pairs(edge_index: torch.Tensor, particle_id: torch.Tensor, eligible: 
     return (particle_id[a] == particle_id[b]) & eligible[a] & eligible[b]
 
 
+def _one_way_sorted(a: torch.Tensor, b: torch.Tensor, n: int) -> torch.Tensor:
+    """Unique undirected edges without self loops, one way (lo < hi), sorted by (lo, hi): the
+    rows with row < col of :func:`_undirected_sorted`, in its order. ``(2, E)`` int64."""
+    keep = a != b
+    a, b = a[keep], b[keep]
+    key = torch.unique(torch.minimum(a, b) * n + torch.maximum(a, b))  # canonical (lo < hi), deduplicated
+    return torch.stack([key // n, key % n])
+
+
 def _undirected_sorted(a: torch.Tensor, b: torch.Tensor, n: int) -> torch.Tensor:
     """Unique undirected edges without self loops, both directions, sorted by (row, col)
     like PyG's ``to_undirected`` (coalesced). ``(2, E)`` int64."""
-    keep = a != b
-    a, b = a[keep], b[keep]
-    lo, hi = torch.minimum(a, b), torch.maximum(a, b)
-    key = torch.unique(lo * n + hi)  # canonical (lo < hi), deduplicated
-    lo, hi = key // n, key % n
+    lo, hi = _one_way_sorted(a, b, n)
     key = torch.sort(torch.cat([lo * n + hi, hi * n + lo])).values
     return torch.stack([key // n, key % n])
 
@@ -459,13 +464,15 @@ def add_random_pairs(
 
 def draw_random_pairs(num_pairs: int, particle_id: torch.Tensor, eligible: torch.Tensor, fraction: float = 0.2,
                       generator: torch.Generator | None = None,
-                      device: Union[str, torch.device, None] = None) -> TrackingPairs | None:
+                      device: Union[str, torch.device, None] = None, one_way: bool = False) -> TrackingPairs | None:
     """The random pairs :func:`add_random_pairs` appends to a list of ``num_pairs`` pairs, on their own
     (one draw from ``generator``, so both give the same pairs from the same generator state).
 
     Args:
         particle_id, eligible: ``(n,)`` per-hit ids and filter flags (as in :class:`TrackingPairs`).
         device: where the returned pairs live (default: ``particle_id``'s device).
+        one_way: only the direction anchor < other of each pair (the same draw; the rows of the
+            two-way list with anchor < other, in its order).
     Returns:
         :class:`TrackingPairs` whose ``edge_index`` ``(2, M)`` holds both directions of each random
         pair, sorted by (anchor, other), or None when there are none to draw
@@ -479,7 +486,7 @@ def draw_random_pairs(num_pairs: int, particle_id: torch.Tensor, eligible: torch
         return None
     dev = particle_id.device if device is None else torch.device(device)
     rnd = torch.randint(0, n, (2, m), generator=generator)
-    extra = _undirected_sorted(rnd[0], rnd[1], n).to(dev)
+    extra = (_one_way_sorted if one_way else _undirected_sorted)(rnd[0], rnd[1], n).to(dev)
     pid, elig = particle_id.to(dev), eligible.to(dev)
     return TrackingPairs(extra, _label_pairs(extra, pid, elig), pid, elig)
 

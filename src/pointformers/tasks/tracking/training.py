@@ -114,11 +114,11 @@ class TrackingCloud:
         eligible = ((self.inputs.particle_id != 0) & self.inputs.reconstructable
                     & (self.inputs.pt > self.pt_min))
         if fraction > 0:
-            extra = draw_random_pairs(2 * half.shape[1], self.inputs.particle_id, eligible, fraction, generator)
+            extra = draw_random_pairs(2 * half.shape[1], self.inputs.particle_id, eligible, fraction, generator,
+                                      one_way=True)  # random pairs hold no self pairs
             if extra is not None:
-                one_way = extra.edge_index[0] < extra.edge_index[1]  # random pairs hold no self pairs
-                half = torch.cat([half, extra.edge_index[:, one_way]], dim=1)
-                pos = torch.cat([pos, extra.is_positive[one_way]])
+                half = torch.cat([half, extra.edge_index], dim=1)
+                pos = torch.cat([pos, extra.is_positive])
         return TrackingPairs(torch.cat([half, half.flip(0)], dim=1), pos.repeat(2), self.inputs.particle_id,
                              eligible)
 
