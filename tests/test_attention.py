@@ -308,3 +308,32 @@ def test_run_heads_reraises_a_worker_error_and_restores_threads(two_threads):
         run_heads(fn, 4, 2)
     assert torch.get_num_threads() == 2
     assert sorted(seen)[:2] == [(0, 0), (1, 1)]  # worker w takes heads w, w + 2, …
+
+
+def test_hept_training_with_kept_scores_equals_recomputed(monkeypatch):
+    """Small clouds keep the forward's scores for the backward pass (STORE_SCORES_MAX); the
+    gradients are the recomputing backward's bit for bit, and the kept scores are freed."""
+    from pointformers.attention import block_attention
+
+    torch.manual_seed(4)
+    h = build("hept", dim=8, heads=3, coord_dim=3, block_size=5, n_hashes=2, num_regions=4)
+    x = torch.randn(2, 37, 8)
+    pos = torch.randn(2, 37, 3)
+    mask = torch.rand(2, 37, generator=torch.Generator().manual_seed(1)) > 0.2
+    kept = []
+    real = block_attention._attend
+
+    def spy(*args, keep=None, **kw):
+        kept.append(keep is not None)
+        return real(*args, keep=keep, **kw)
+
+    monkeypatch.setattr(block_attention, "_attend", spy)
+    grads = []
+    for limit in (1 << 24, 0):
+        monkeypatch.setattr(block_attention, "STORE_SCORES_MAX", limit)
+        xr = x.clone().requires_grad_()
+        y = h(xr, pos, mask)
+        grads.append(torch.autograd.grad(y.pow(2).sum(), [xr, h.w_q.weight, h.w_v.weight]))
+    assert kept == [True] * 3 + [False] * 3
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)

@@ -42,6 +42,12 @@ LOGIT_FLOOR = -87.0
 #: Target number of score entries per chunk (fits in a core's L2 with its operands).
 DEFAULT_CHUNK_ELEMS = 1 << 18
 
+#: Largest layer (rows × heads × tables × block size score entries, 5 bytes each) whose training
+#: forward keeps its scores for the backward pass instead of the backward recomputing them (one of
+#: seven block GEMMs and the exponentials per chunk): 2^24 entries are 84 MB per layer, a 6k-hit
+#: cloud with HEPT's 8 heads, 3 tables and blocks of 100.
+STORE_SCORES_MAX = 1 << 24
+
 #: The default chunk is this many times larger in CPU training: a training step runs each chunk's
 #: kernels twice (forward, recomputing backward), and at the demo's 2-3k-hit clouds the per-kernel
 #: overhead of three chunks per head outweighs the cache (demo step at 2 threads: 4.31 against
@@ -123,21 +129,30 @@ def fill_norm_columns(qa: torch.Tensor, ka: torch.Tensor) -> None:
         ka[..., D + 1] = -0.5 * ka[..., :D].pow(2).sum(-1)
 
 
-def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int, out=None):
-    """Forward loop. Returns out (R, dv) (written into ``out`` if given) and den (R,) = Σ_t denominators + T·1e−20."""
+def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int, out=None, keep: list | None = None):
+    """Forward loop. Returns out (R, dv) (written into ``out`` if given) and den (R,) = Σ_t denominators + T·1e−20.
+    ``keep``: a list to which each chunk's scores and clamp mask are appended for the backward
+    pass (:func:`_attend_backward`'s ``stored``), instead of it recomputing them."""
     b = block_size
     bq_all, bk_all = iq.reshape(-1, b), ik.reshape(-1, b)  # every (group, table, block)
     acc = va.new_zeros(va.shape)  # [Σ_t numerator, Σ_t denominator] per row
     for s in range(0, bq_all.shape[0], chunk_blocks):
         bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
-        scores = _chunk_scores(_chunk_logits(_rows(qa, bq), _rows(ka, bk)))
+        logits = _chunk_logits(_rows(qa, bq), _rows(ka, bk))
+        if keep is not None:
+            keep.append((logits > 0, None))
+        scores = _chunk_scores(logits)
+        if keep is not None:
+            keep[-1] = (keep[-1][0], scores)
         acc.index_add_(0, bq.reshape(-1), torch.bmm(scores, _rows(va, bk)).flatten(0, 1))
     den = acc[:, -1] + iq.shape[1] * DENOM_EPS
     return torch.div(acc[:, :-1], den[:, None], out=out), den
 
 
-def _attend_backward(qa, ka, va, iq, ik, out, den, grad_out, block_size: int, chunk_blocks: int):
-    """Backward loop with recomputed scores. Returns dqa, dka, dva, where dqa / dka are the total
+def _attend_backward(qa, ka, va, iq, ik, out, den, grad_out, block_size: int, chunk_blocks: int,
+                     stored: list | None = None):
+    """Backward loop with recomputed scores (or the forward's, ``stored`` by :func:`_attend`'s
+    ``keep``: the same numbers). Returns dqa, dka, dva, where dqa / dka are the total
     derivatives w.r.t. q̂ / k̂ in their first D columns (the norm columns' chain rule folded in,
     the two folded columns zeroed) and padded keys get no gradient."""
     b = block_size
@@ -145,13 +160,16 @@ def _attend_backward(qa, ka, va, iq, ik, out, den, grad_out, block_size: int, ch
     # out = N / Dn  =>  dN = g / Dn,  dDn = −Σ_c g·out / Dn
     dacc = torch.cat([grad_out / den[:, None], (-(grad_out * out).sum(-1) / den)[:, None]], 1)
     dqa, dka, dva = torch.zeros_like(qa), torch.zeros_like(ka), torch.zeros_like(va)
-    for s in range(0, bq_all.shape[0], chunk_blocks):
+    for i, s in enumerate(range(0, bq_all.shape[0], chunk_blocks)):
         bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
         fq, fk = bq.reshape(-1), bk.reshape(-1)
         Q, K, V = _rows(qa, bq), _rows(ka, bk), _rows(va, bk)
-        logits = _chunk_logits(Q, K)
-        above = logits > 0  # the clamp at 0 passes no gradient there
-        scores = _chunk_scores(logits)  # in place: logits are not needed again
+        if stored is not None:
+            above, scores = stored[i]
+        else:
+            logits = _chunk_logits(Q, K)
+            above = logits > 0  # the clamp at 0 passes no gradient there
+            scores = _chunk_scores(logits)  # in place: logits are not needed again
         dNV = _rows(dacc, bq)
         dva.index_add_(0, fk, torch.bmm(scores.transpose(1, 2), dNV).flatten(0, 1))
         dlog = torch.bmm(dNV, V.transpose(1, 2)).mul_(scores).masked_fill_(above, 0.0)
@@ -274,21 +292,26 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
         den = xp.new_empty(P, heads)
         keep = any(ctx.needs_input_grad[:4])  # training: the backward pass needs the sort orders
         orders: list = [None] * heads
+        scores: list = [None] * heads  # per head: its chunks' (clamp mask, scores), small clouds only
 
         def head(h: int, _worker: int) -> None:
             qa, ka, va = head_rows(xp, wq, wk, wv, heads, h)
             iq, ik = sort_head(qa, ka, h)
+            store = keep and not is_tracing() and P * heads * iq.shape[1] * block_size <= STORE_SCORES_MAX
+            kept = [] if store else None
             if is_tracing():  # torch.compile refuses a non-contiguous out=
                 out[:, h], den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks)
             else:
-                _, den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks, out=out[:, h])
+                _, den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks, out=out[:, h], keep=kept)
             if keep:
                 orders[h] = torch.stack([iq, ik])
+                scores[h] = kept
 
         run_heads(head, heads, head_workers(heads, xp, keep))
         if keep:
             ctx.save_for_backward(xp, wq, wk, wv, torch.stack(orders), out, den)
             ctx.heads, ctx.block_size, ctx.chunk_blocks = heads, block_size, chunk_blocks
+            ctx.scores = scores
         return out.view(P, heads * dv)
 
     @staticmethod
@@ -300,10 +323,14 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
         grad_out = grad_out.reshape(P, H, -1)
         dxp = torch.zeros_like(xp)
         dw = [torch.zeros_like(w).view(H, -1, xp.shape[1]) for w in (wq, wk, wv)]
+        # the forward's scores serve the first backward pass and are freed as it goes (a second one,
+        # with retain_graph, recomputes them)
+        stored, ctx.scores = ctx.scores or [None] * H, None
         for h in range(H):
             qa, ka, va = head_rows(xp, wq, wk, wv, H, h)
             grads = _attend_backward(qa, ka, va, orders[h, 0], orders[h, 1], out[:, h], den[:, h], grad_out[:, h],
-                                     ctx.block_size, ctx.chunk_blocks)
+                                     ctx.block_size, ctx.chunk_blocks, stored[h])
+            stored[h] = None
             for g, w, dw_all in zip(grads, (wq, wk, wv), dw):
                 dxp.addmm_(g, w.view(H, -1, xp.shape[1])[h])
                 dw_all[h] = g.T @ xp
