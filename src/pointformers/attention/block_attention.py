@@ -84,26 +84,20 @@ def _scores(logits: torch.Tensor) -> torch.Tensor:
     return logits.clamp_(LOGIT_FLOOR, 0.0).exp_()
 
 
-def _block_logits(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
-    """log2(e)·Q Kᵀ per block: (c, b, D), (c, b, D) -> (c, b, b) (the scale is the GEMM's alpha)."""
+def _chunk_logits(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    """The logits of a chunk of blocks in the form :func:`_chunk_scores` takes: log2(e)·Q Kᵀ below
+    float64 (the scale is the GEMM's alpha), plain Q Kᵀ in float64. (c, b, D) ×2 -> (c, b, b)."""
+    if Q.dtype == torch.float64:
+        return torch.bmm(Q, K.transpose(1, 2))
     return torch.baddbmm(Q.new_empty(()).expand(Q.shape[0], Q.shape[1], K.shape[1]), Q, K.transpose(1, 2),
                          beta=0.0, alpha=LOG2E)
 
 
-def _scores2(logits2: torch.Tensor) -> torch.Tensor:
-    """exp(clamp(l, −87, 0)) from l·log2(e) (:func:`_block_logits`), in place, as 2^(·). (c, b, b)."""
-    return logits2.clamp_(LOGIT_FLOOR * LOG2E, 0.0).exp2_()
-
-
-def _chunk_logits(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
-    """The logits of a chunk of blocks in the form :func:`_chunk_scores` takes: scaled by log2(e)
-    below float64, plain Q Kᵀ in float64. (c, b, D) ×2 -> (c, b, b)."""
-    return torch.bmm(Q, K.transpose(1, 2)) if Q.dtype == torch.float64 else _block_logits(Q, K)
-
-
 def _chunk_scores(logits: torch.Tensor) -> torch.Tensor:
-    """exp(clamp(l, −87, 0)) of :func:`_chunk_logits`' output, in place."""
-    return _scores(logits) if logits.dtype == torch.float64 else _scores2(logits)
+    """exp(clamp(l, −87, 0)) of :func:`_chunk_logits`' output, in place (as 2^(·) below float64)."""
+    if logits.dtype == torch.float64:
+        return _scores(logits)
+    return logits.clamp_(LOGIT_FLOOR * LOG2E, 0.0).exp2_()
 
 
 def augment_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor):
@@ -139,11 +133,10 @@ def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int, out=None, ke
     for s in range(0, bq_all.shape[0], chunk_blocks):
         bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
         logits = _chunk_logits(_rows(qa, bq), _rows(ka, bk))
-        if keep is not None:
-            keep.append((logits > 0, None))
+        above = logits > 0 if keep is not None else None  # before the in-place exp below
         scores = _chunk_scores(logits)
         if keep is not None:
-            keep[-1] = (keep[-1][0], scores)
+            keep.append((above, scores))
         acc.index_add_(0, bq.reshape(-1), torch.bmm(scores, _rows(va, bk)).flatten(0, 1))
     den = acc[:, -1] + iq.shape[1] * DENOM_EPS
     return torch.div(acc[:, :-1], den[:, None], out=out), den

@@ -254,10 +254,10 @@ class HEPTAttention(KernelAttention):
                              f"({self.n_hashes}, {self.heads})")
         if allocator.large_cpu_input(x):  # a no-op inside a model that already does so
             with allocator.keep_freed_memory():
-                return self._attend(x, pos, ctx)
-        return self._attend(x, pos, ctx)
+                return self._forward_checked(x, pos, ctx)
+        return self._forward_checked(x, pos, ctx)
 
-    def _attend(self, x: torch.Tensor, pos: torch.Tensor, ctx: HEPTContext) -> torch.Tensor:
+    def _forward_checked(self, x: torch.Tensor, pos: torch.Tensor, ctx: HEPTContext) -> torch.Tensor:
         """The forward on checked inputs and their context."""
         B, N, _ = x.shape
         Np = ctx.n_padded

@@ -22,6 +22,8 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
+from .model_inputs import is_tracing
+
 __all__ = ["keep_freed_memory", "ENABLED", "LARGE_ROWS"]
 
 ENABLED = os.environ.get("POINTFORMERS_KEEP_MEMORY", "1").strip().lower() not in ("0", "false", "no", "off")
@@ -80,8 +82,6 @@ def keep_freed_memory(active: bool = True) -> Iterator[bool]:
 def large_cpu_input(x, rows: int | None = None) -> bool:
     """Whether a forward pass on ``x`` (B, N, …) should keep freed memory: eager (not traced), on the
     CPU, with at least :data:`LARGE_ROWS` rows (B·N, or ``rows``)."""
-    from .model_inputs import is_tracing
-
     if is_tracing() or x.device.type != "cpu":
         return False
     n = rows if rows is not None else x.shape[0] * x.shape[1]
