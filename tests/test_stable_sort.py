@@ -25,3 +25,21 @@ def test_other_dtypes_and_views_fall_back_correctly():
     assert torch.equal(stable_argsort(y), torch.argsort(y, dim=-1, stable=True))
     z = torch.randn(5, requires_grad=True)
     assert torch.equal(stable_argsort(z), torch.argsort(z.detach(), dim=-1, stable=True))
+
+
+def test_long_rows_take_the_radix_path_and_stay_exact():
+    # rows of at least RADIX_MIN_LENGTH keys are sorted one at a time by torch.sort (a radix sort
+    # on int64): negative keys, ties, signed zeros and infinities must still sort as the stable argsort
+    from pointformers.attention import stable_sort
+
+    n = stable_sort.RADIX_MIN_LENGTH + 17
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, n, generator=g) * 50
+    x[..., ::5] = 2.5
+    x[..., 1::7] = -2.5
+    x[0, 0, :40:2] = -0.0
+    x[0, 0, 1:40:2] = 0.0
+    x[1, 2, 7] = float("inf")
+    x[1, 2, 8] = float("-inf")
+    assert torch.equal(stable_argsort(x), torch.argsort(x, dim=-1, stable=True))
+    assert torch.equal(stable_argsort(x[..., :n - 40]), torch.argsort(x[..., :n - 40], dim=-1, stable=True))

@@ -123,23 +123,60 @@ def fill_norm_columns(qa: torch.Tensor, ka: torch.Tensor) -> None:
         ka[..., D + 1] = -0.5 * ka[..., :D].pow(2).sum(-1)
 
 
-def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int, out=None, keep: list | None = None):
+def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int, out=None, keep: list | None = None,
+            width: int | None = None):
     """Forward loop. Returns out (R, dv) (written into ``out`` if given) and den (R,) = Σ_t denominators + T·1e−20.
+
+    ``width``: the value rows' used columns dv + 1 ([v, 1]); columns past it (zero padding, see
+    :func:`value_width`) are carried through the GEMMs and ignored. Default: all of va's columns.
     ``keep``: a list to which each chunk's scores and clamp mask are appended for the backward
     pass (:func:`_attend_backward`'s ``stored``), instead of it recomputing them."""
     b = block_size
+    width = va.shape[1] if width is None else width
     bq_all, bk_all = iq.reshape(-1, b), ik.reshape(-1, b)  # every (group, table, block)
-    acc = va.new_zeros(va.shape)  # [Σ_t numerator, Σ_t denominator] per row
+    acc = va.new_zeros(va.shape)  # [Σ_t numerator, Σ_t denominator, padding] per row
+    reuse = keep is None and not is_tracing()  # (a compiled graph allocates its own buffers)
+    bufs = _ChunkBuffers(qa, ka, va, min(chunk_blocks, bq_all.shape[0]), b) if reuse else None
     for s in range(0, bq_all.shape[0], chunk_blocks):
         bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
-        logits = _chunk_logits(_rows(qa, bq), _rows(ka, bk))
-        above = logits > 0 if keep is not None else None  # before the in-place exp below
-        scores = _chunk_scores(logits)
-        if keep is not None:
-            keep.append((above, scores))
-        acc.index_add_(0, bq.reshape(-1), torch.bmm(scores, _rows(va, bk)).flatten(0, 1))
-    den = acc[:, -1] + iq.shape[1] * DENOM_EPS
-    return torch.div(acc[:, :-1], den[:, None], out=out), den
+        if bufs is None:
+            logits = _chunk_logits(_rows(qa, bq), _rows(ka, bk))
+            above = logits > 0 if keep is not None else None  # before the in-place exp below
+            scores = _chunk_scores(logits)
+            if keep is not None:
+                keep.append((above, scores))
+            res = torch.bmm(scores, _rows(va, bk))
+        else:
+            res = bufs.chunk(qa, ka, va, bq, bk)
+        acc.index_add_(0, bq.reshape(-1), res.flatten(0, 1))
+    den = acc[:, width - 1] + iq.shape[1] * DENOM_EPS
+    return torch.div(acc[:, :width - 1], den[:, None], out=out), den
+
+
+class _ChunkBuffers:
+    """One chunk's gathered rows, logits/scores and products, allocated once per call of
+    :func:`_attend` and reused by every chunk (``out=`` forms): fresh allocations of these sizes
+    cost page faults on every chunk, and the buffers stay in cache between chunks."""
+
+    def __init__(self, qa, ka, va, chunk_blocks: int, b: int):
+        self.Q = qa.new_empty(chunk_blocks, b, qa.shape[1])
+        self.K = ka.new_empty(chunk_blocks, b, ka.shape[1])
+        self.V = va.new_empty(chunk_blocks, b, va.shape[1])
+        self.L = qa.new_empty(chunk_blocks, b, b)
+        self.R = va.new_empty(chunk_blocks, b, va.shape[1])
+
+    def chunk(self, qa, ka, va, bq, bk) -> torch.Tensor:
+        """Σ-ready rows exp(chunk logits) @ V' of the chunk of blocks (bq, bk) (c, b) ×2 -> (c, b, dv')."""
+        c = bq.shape[0]
+        Q, K, V, L, R = self.Q[:c], self.K[:c], self.V[:c], self.L[:c], self.R[:c]
+        torch.index_select(qa, 0, bq.reshape(-1), out=Q.view(-1, Q.shape[-1]))
+        torch.index_select(ka, 0, bk.reshape(-1), out=K.view(-1, K.shape[-1]))
+        torch.index_select(va, 0, bk.reshape(-1), out=V.view(-1, V.shape[-1]))
+        if Q.dtype == torch.float64:
+            torch.bmm(Q, K.transpose(1, 2), out=L)
+        else:
+            torch.baddbmm(L, Q, K.transpose(1, 2), beta=0.0, alpha=LOG2E, out=L)
+        return torch.bmm(_chunk_scores(L), V, out=R)
 
 
 def _attend_backward(qa, ka, va, iq, ik, out, den, grad_out, block_size: int, chunk_blocks: int,
@@ -147,11 +184,14 @@ def _attend_backward(qa, ka, va, iq, ik, out, den, grad_out, block_size: int, ch
     """Backward loop with recomputed scores (or the forward's, ``stored`` by :func:`_attend`'s
     ``keep``: the same numbers). Returns dqa, dka, dva, where dqa / dka are the total
     derivatives w.r.t. q̂ / k̂ in their first D columns (the norm columns' chain rule folded in,
-    the two folded columns zeroed) and padded keys get no gradient."""
+    the two folded columns zeroed) and padded keys get no gradient. ``out`` (R, dv): with
+    zero-padded value rows va (R, dv' > dv + 1), dva's padding columns come back 0."""
     b = block_size
     bq_all, bk_all = iq.reshape(-1, b), ik.reshape(-1, b)
     # out = N / Dn  =>  dN = g / Dn,  dDn = −Σ_c g·out / Dn
     dacc = torch.cat([grad_out / den[:, None], (-(grad_out * out).sum(-1) / den)[:, None]], 1)
+    if dacc.shape[1] < va.shape[1]:  # zero-padded value rows (value_width): their gradient columns are 0
+        dacc = torch.cat([dacc, dacc.new_zeros(dacc.shape[0], va.shape[1] - dacc.shape[1])], 1)
     dqa, dka, dva = torch.zeros_like(qa), torch.zeros_like(ka), torch.zeros_like(va)
     for i, s in enumerate(range(0, bq_all.shape[0], chunk_blocks)):
         bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
@@ -173,7 +213,7 @@ def _attend_backward(qa, ka, va, iq, ik, out, den, grad_out, block_size: int, ch
     dka[:, :D].addcmul_(dka[:, D + 1:D + 2], ka[:, :D], value=-1.0)
     dqa[:, D:].zero_()
     dka[:, D:].zero_()
-    keep = va[:, -1:]  # 0 for padded keys
+    keep = va[:, out.shape[1]:out.shape[1] + 1]  # the ones column: 0 for padded keys
     dka.mul_(keep)
     dva.mul_(keep)
     return dqa, dka, dva
@@ -196,16 +236,30 @@ class _SortedBlockAttention(torch.autograd.Function):
         return (*grads, None, None, None, None)
 
 
+def value_width(width: int) -> int:
+    """Columns of the value rows [v, 1] as the fused CPU path stores them: ``width`` = dv + 1 rounded
+    up to a multiple of 8, the padding zero. MKL's batched GEMM and ``index_select`` have fast paths
+    for rows of whole 32-byte vectors: at HEPT's dv + 1 = 25 + 1 the block products S·V' and the
+    gathers of V' take about 3/4 and 1/2 of their time at 26 columns (docs/benchmarks.md, "Notes on
+    HEPT's CPU kernels")."""
+    return -(-width // 8) * 8
+
+
 def head_rows(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, heads: int, h: int):
-    """Head ``h``'s rows qa, ka (P, D+2) and va (P, dv+1) = xp @ w_hᵀ, with the norm columns filled.
+    """Head ``h``'s rows qa, ka (P, D+2) and va (P, :func:`value_width` (dv+1)) = xp @ w_hᵀ, with the
+    norm columns filled and va's padding columns zero.
 
     xp: (P, Din); wq, wk: (H·(D+2), Din); wv: (H·(dv+1), Din), heads stacked h-major.
     """
     Din = xp.shape[1]
+    wv_h = wv.view(heads, -1, Din)[h]
+    pad = value_width(wv_h.shape[0]) - wv_h.shape[0]
+    if pad:
+        wv_h = torch.cat([wv_h, wv_h.new_zeros(pad, Din)])
     # narrow GEMMs (K = Din ≈ 32): oneDNN runs them several times faster than MKL on the CPU
     qa = fast_linear.matmul(xp, wq.view(heads, -1, Din)[h].T)
     ka = fast_linear.matmul(xp, wk.view(heads, -1, Din)[h].T)
-    va = fast_linear.matmul(xp, wv.view(heads, -1, Din)[h].T)
+    va = fast_linear.matmul(xp, wv_h.T)
     fill_norm_columns(qa, ka)
     return qa, ka, va
 
@@ -293,9 +347,10 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
             store = keep and not is_tracing() and P * heads * iq.shape[1] * block_size <= STORE_SCORES_MAX
             kept = [] if store else None
             if is_tracing():  # torch.compile refuses a non-contiguous out=
-                out[:, h], den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks)
+                out[:, h], den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks, width=dv + 1)
             else:
-                _, den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks, out=out[:, h], keep=kept)
+                _, den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks, out=out[:, h], keep=kept,
+                                       width=dv + 1)
             if keep:
                 orders[h] = torch.stack([iq, ik])
                 scores[h] = kept
@@ -325,6 +380,7 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
                                      ctx.block_size, ctx.chunk_blocks, stored[h])
             stored[h] = None
             for g, w, dw_all in zip(grads, (wq, wk, wv), dw):
+                g = g[:, :dw_all.shape[1]]  # without va's zero padding
                 dxp.addmm_(g, w.view(H, -1, xp.shape[1])[h])
                 dw_all[h] = g.T @ xp
         return dxp, *(d.view(-1, xp.shape[1]) for d in dw), None, None, None, None

@@ -221,7 +221,7 @@ class HEPTAttention(KernelAttention):
                 return iq, ik
             tq, tk = sort_keys(lq, lk, codes, ctx.mask)
             base = torch.arange(B, device=qa.device).view(B, 1, 1, 1) * Np
-            if ctx.authors_sort:
+            if ctx.authors_sort and tq.dtype != torch.float32:  # float32: the stable sort (see HEPTContext)
                 iq, ik = authors_argsort(tq, ctx), authors_argsort(tk, ctx)
             else:
                 iq, ik = stable_argsort(tq), stable_argsort(tk)

@@ -50,10 +50,15 @@ class HEPTContext:
         codes: (B, T, H, Np) int64 region code of each point per (table, head).
         n_points: N, the unpadded tensor width.
         block_size: b.
-        authors_sort: sort hash keys with ``torch.argsort`` (PyTorch's default, unstable sort)
-            over each cloud's own rows, as the authors' code, instead of the stable sort. Ties
-            between a point and its duplicate (``padding="duplicate"``) are then broken as
+        authors_sort: sort float64 hash keys with ``torch.argsort`` (PyTorch's default, unstable
+            sort) over each cloud's own rows, as the authors' code, instead of the stable sort.
+            Ties between a point and its duplicate (``padding="duplicate"``) are then broken as
             theirs are; a tie straddling a block boundary decides which copy's output is kept.
+            Float32 keys keep the stable sort (ties broken by row, several times faster on the
+            CPU): there float rounding already moves points across block boundaries, so the
+            authors' own float32 run agrees with their float64 one on only ~80% of points at
+            1e-5 (reference README), while a duplicate's tie straddles a boundary for about one
+            point in a thousand per forward (docs/benchmarks.md, "Notes on HEPT's CPU kernels").
         lengths: (B,) rows of each cloud (its first ``lengths[b]`` rows are real); needed with
             ``authors_sort`` and more than one cloud.
         segments: clouds packed end to end in one row (B = 1): their (start, end) rows, each a

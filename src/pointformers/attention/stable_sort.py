@@ -3,10 +3,13 @@
 On the CPU, ``torch.argsort(stable=True)`` on float32 runs a comparison sort, and HEPT's per-layer
 sorts were a large share of a 60k-point forward pass. Here each float32 key
 is mapped to an order-preserving int32, packed with its index into one int64
-``(key << 32) | index`` and sorted with numpy's vectorised int64 sort: all keys are then
-distinct, so any sort order equals the stable one (ties broken by index), and the result is
-exactly ``torch.argsort(x, dim=-1, stable=True)``, several times faster (docs/benchmarks.md,
-"Notes from measurements"). Other devices and dtypes use ``torch.argsort`` itself.
+``(key << 32) | index`` and sorted as integers: all keys are then distinct, so any sort order
+equals the stable one (ties broken by index), and the result is exactly
+``torch.argsort(x, dim=-1, stable=True)``, several times faster (docs/benchmarks.md, "Notes from
+measurements"). Rows of at least :data:`RADIX_MIN_LENGTH` keys are sorted one at a time by
+``torch.sort``, which sorts a long 1-D int64 tensor by radix sort (0.8 ms for 60k keys against
+2.1 ms by numpy's vectorised sort on the benchmarks' CPU); shorter rows by numpy's sort, all rows
+at once. Other devices and dtypes use ``torch.argsort`` itself.
 """
 from __future__ import annotations
 
@@ -17,17 +20,40 @@ from ..nn.model_inputs import is_tracing
 
 __all__ = ["stable_argsort"]
 
+#: Shortest row sorted by ``torch.sort``'s radix sort (PyTorch takes it for 1-D integer tensors of
+#: at least its parallel grain size, 32768; shorter ones go through a comparison sort).
+RADIX_MIN_LENGTH = 32768
+
 
 def stable_argsort(x: torch.Tensor) -> torch.Tensor:
     """``torch.argsort(x, dim=-1, stable=True)`` (int64), without autograd. x: (..., n), no NaN."""
     if (x.device.type != "cpu" or x.dtype != torch.float32 or x.shape[-1] >= 2**31 or x.numel() == 0
             or is_tracing()):
         return torch.argsort(x.detach(), dim=-1, stable=True)
-    a = (x.detach() + 0.0).contiguous().numpy()  # + 0.0: −0.0 becomes +0.0, equal as torch compares
-    bits = a.view(np.int32)
-    # IEEE floats order like sign-magnitude ints: flipping the magnitude bits of negatives makes
-    # signed int32 comparison agree with float comparison (inf included).
-    ordered = np.where(bits < 0, bits ^ np.int32(0x7FFFFFFF), bits).astype(np.int64)
-    keys = (ordered << 32) | np.arange(a.shape[-1], dtype=np.int64)
+    n = x.shape[-1]
+    x = x.detach() + 0.0  # −0.0 becomes +0.0, equal as torch compares
+    if n >= RADIX_MIN_LENGTH:
+        keys = _packed_keys(x.contiguous().view(torch.int32).to(torch.int64), torch.arange(n))
+        rows = keys.view(-1, n)
+        out = torch.empty_like(rows)
+        index = torch.empty(n, dtype=torch.int64)  # sort's own index output, unused
+        for r in range(rows.shape[0]):
+            torch.sort(rows[r], out=(out[r], index))
+        out &= 0xFFFFFFFF
+        return out.view(x.shape)
+    keys = _packed_keys(x.contiguous().numpy().view(np.int32).astype(np.int64), np.arange(n, dtype=np.int64))
     keys.sort(axis=-1)
-    return torch.from_numpy(keys & 0xFFFFFFFF)
+    keys &= 0xFFFFFFFF
+    return torch.from_numpy(keys)
+
+
+def _packed_keys(bits, index):
+    """``(order-preserving key << 32) | index`` from a float32 array's bits as sign-extended int64
+    (numpy or torch), in place on ``bits``."""
+    # IEEE floats order like sign-magnitude ints: flipping the magnitude bits of negatives makes
+    # signed comparison agree with float comparison (inf included). In place on one int64 buffer:
+    # fresh temporaries of this size cost more than the arithmetic.
+    bits ^= (bits >> 31) & 0x7FFFFFFF
+    bits <<= 32
+    bits |= index
+    return bits
