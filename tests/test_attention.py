@@ -329,7 +329,7 @@ def test_hept_training_with_kept_scores_equals_recomputed(monkeypatch):
 
     monkeypatch.setattr(block_attention, "_attend", spy)
     grads = []
-    for limit in (1 << 24, 0):
+    for limit in (1 << 24, 0):  # (the rows are kept in both: only the scores differ)
         monkeypatch.setattr(block_attention, "STORE_SCORES_MAX", limit)
         xr = x.clone().requires_grad_()
         y = h(xr, pos, mask)
@@ -337,3 +337,28 @@ def test_hept_training_with_kept_scores_equals_recomputed(monkeypatch):
     assert kept == [True] * 3 + [False] * 3
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("n_hashes", [1, 2])
+def test_hept_training_with_kept_rows_equals_per_head_rows(monkeypatch, n_hashes):
+    """Small training layers project every head's rows by one GEMM and keep them (KEEP_ROWS_MAX);
+    output and gradients (input, every weight, ω) equal the per-head path's to float rounding, and
+    value rows padded to whole vectors (dv + 1 = 7 -> 8) give their weights no stray gradient."""
+    from pointformers.attention import block_attention
+
+    torch.manual_seed(5)
+    h = build("hept", dim=12, heads=2, head_dim=6, coord_dim=3, block_size=5, n_hashes=n_hashes, num_regions=4)
+    x = torch.randn(2, 33, 12)
+    pos = torch.randn(2, 33, 3)
+    mask = torch.rand(2, 33, generator=torch.Generator().manual_seed(2)) > 0.2
+    results = []
+    for limit in (1 << 23, 0):
+        monkeypatch.setattr(block_attention, "KEEP_ROWS_MAX", limit)
+        h.zero_grad()
+        xr = x.clone().requires_grad_()
+        y = h(xr, pos, mask)
+        y.pow(2).sum().backward()
+        results.append([y.detach(), xr.grad] + [p.grad.clone() for p in h.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert all(g.abs().sum() > 0 for g in results[0][2:])

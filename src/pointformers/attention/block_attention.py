@@ -84,6 +84,15 @@ def _scores(logits: torch.Tensor) -> torch.Tensor:
     return logits.clamp_(LOGIT_FLOOR, 0.0).exp_()
 
 
+def _clamped(logits: torch.Tensor) -> torch.Tensor | None:
+    """Where the clamp at 0 passes no gradient: the mask logits > 0, or None when no logit is positive.
+    The RBF logit −½‖q̂ − k̂‖² is never positive; only rounding makes a few so, mostly none in a
+    chunk, and a max is cheaper than writing the mask and applying it in the backward pass."""
+    if is_tracing():  # no data-dependent branch in a traced graph
+        return logits > 0
+    return logits > 0 if bool(logits.max() > 0) else None
+
+
 def _chunk_logits(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
     """The logits of a chunk of blocks in the form :func:`_chunk_scores` takes: log2(e)·Q Kᵀ below
     float64 (the scale is the GEMM's alpha), plain Q Kᵀ in float64. (c, b, D) ×2 -> (c, b, b)."""
@@ -141,7 +150,7 @@ def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int, out=None, ke
         bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
         if bufs is None:
             logits = _chunk_logits(_rows(qa, bq), _rows(ka, bk))
-            above = logits > 0 if keep is not None else None  # before the in-place exp below
+            above = _clamped(logits) if keep is not None else None  # before the in-place exp below
             scores = _chunk_scores(logits)
             if keep is not None:
                 keep.append((above, scores))
@@ -201,11 +210,13 @@ def _attend_backward(qa, ka, va, iq, ik, out, den, grad_out, block_size: int, ch
             above, scores = stored[i]
         else:
             logits = _chunk_logits(Q, K)
-            above = logits > 0  # the clamp at 0 passes no gradient there
+            above = _clamped(logits)
             scores = _chunk_scores(logits)  # in place: logits are not needed again
         dNV = _rows(dacc, bq)
         dva.index_add_(0, fk, torch.bmm(scores.transpose(1, 2), dNV).flatten(0, 1))
-        dlog = torch.bmm(dNV, V.transpose(1, 2)).mul_(scores).masked_fill_(above, 0.0)
+        dlog = torch.bmm(dNV, V.transpose(1, 2)).mul_(scores)
+        if above is not None:
+            dlog.masked_fill_(above, 0.0)
         dqa.index_add_(0, fq, torch.bmm(dlog, K).flatten(0, 1))
         dka.index_add_(0, fk, torch.bmm(dlog.transpose(1, 2), Q).flatten(0, 1))
     D = qa.shape[1] - 2
@@ -320,6 +331,44 @@ def run_heads(fn, heads: int, workers: int) -> None:
         torch.set_num_threads(threads)
 
 
+#: Largest training layer (rows × all heads' q', k', v' columns, in floats) whose rows are projected
+#: for all heads by one GEMM and kept for the backward pass, instead of three GEMMs per head in the
+#: forward and again in the backward; the backward's input and weight gradients are then one GEMM
+#: each. 2^23 floats (32 MB) hold about 10k points at HEPT's widths (8 heads × 96 columns); a
+#: training step on the demo's clouds runs 2 GEMMs per layer and direction instead of 24-48.
+KEEP_ROWS_MAX = 1 << 23
+
+
+def all_head_rows(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, heads: int):
+    """Every head's rows from one GEMM: qa (H, P, D+2), ka (H, P, D+2), va (H, P, :func:`value_width`
+    (dv+1)), each head's rows contiguous, norm columns filled, va's padding zero (what
+    :func:`head_rows` gives head by head), and the stacked weight W (H·(2(D+2) + dv'), Din) with
+    rows = xp Wᵀ (for the backward pass, :func:`all_head_grads`)."""
+    P, Din = xp.shape
+    wv_h = wv.view(heads, -1, Din)
+    pad = value_width(wv_h.shape[1]) - wv_h.shape[1]
+    if pad:
+        wv_h = torch.cat([wv_h, wv_h.new_zeros(heads, pad, Din)], 1)
+    w = torch.cat([wq, wk, wv_h.reshape(-1, Din)])
+    rows = xp @ w.T
+    qa, ka, va = (r.view(P, heads, -1).transpose(0, 1).contiguous()
+                  for r in rows.split([wq.shape[0], wk.shape[0], wv_h.shape[0] * wv_h.shape[1]], 1))
+    fill_norm_columns(qa, ka)
+    return qa, ka, va, w
+
+
+def all_head_grads(xp: torch.Tensor, w: torch.Tensor, dqa: torch.Tensor, dka: torch.Tensor, dva: torch.Tensor,
+                   dv1: int):
+    """Gradients of xp and of wq, wk, wv from the rows' gradients (H, P, ·) ×3 of :func:`all_head_rows`
+    (va's padding columns dropped: ``dv1`` = dv + 1 of them are weights). Returns dxp, dwq, dwk, dwv."""
+    H, P = dqa.shape[:2]
+    drows = torch.cat([g.transpose(0, 1).reshape(P, -1) for g in (dqa, dka, dva)], 1)  # (P, rows' columns)
+    dw = drows.T @ xp
+    nq, nk = dqa.shape[0] * dqa.shape[2], dka.shape[0] * dka.shape[2]
+    dwv = dw[nq + nk:].view(H, dva.shape[2], -1)[:, :dv1].reshape(H * dv1, -1)
+    return drows @ w, dw[:nq], dw[nq:nq + nk], dwv
+
+
 class _ProjectedSortedBlockAttention(torch.autograd.Function):
     """Rows are linear projections of a narrow input, built and attended one head at a time.
 
@@ -328,7 +377,10 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
     rows, so large clouds do not pay the page faults of fresh 50-100 MB allocations per layer
     (docs/benchmarks.md, "Notes from measurements"). Only xp, the weights and the sort
     orders are saved; the backward pass recomputes each head's rows (a few cheap GEMMs), so a
-    layer keeps less than full attention keeps (q, k, v and the output).
+    layer keeps less than full attention keeps (q, k, v and the output). Small training layers
+    (:data:`KEEP_ROWS_MAX`) project all heads' rows at once and keep them, and small clouds keep
+    their block scores too (:data:`STORE_SCORES_MAX`): there the per-kernel cost of many small
+    GEMMs, not memory, is what limits a training step.
     """
 
     @staticmethod
@@ -340,9 +392,12 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
         keep = any(ctx.needs_input_grad[:4])  # training: the backward pass needs the sort orders
         orders: list = [None] * heads
         scores: list = [None] * heads  # per head: its chunks' (clamp mask, scores), small clouds only
+        width = wq.shape[0] + wk.shape[0] + heads * value_width(dv + 1)
+        rows = (all_head_rows(xp, wq, wk, wv, heads)
+                if keep and not is_tracing() and P * width <= KEEP_ROWS_MAX else None)
 
         def head(h: int, _worker: int) -> None:
-            qa, ka, va = head_rows(xp, wq, wk, wv, heads, h)
+            qa, ka, va = head_rows(xp, wq, wk, wv, heads, h) if rows is None else (r[h] for r in rows[:3])
             iq, ik = sort_head(qa, ka, h)
             store = keep and not is_tracing() and P * heads * iq.shape[1] * block_size <= STORE_SCORES_MAX
             kept = [] if store else None
@@ -359,7 +414,7 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
         if keep:
             ctx.save_for_backward(xp, wq, wk, wv, torch.stack(orders), out, den)
             ctx.heads, ctx.block_size, ctx.chunk_blocks = heads, block_size, chunk_blocks
-            ctx.scores = scores
+            ctx.scores, ctx.rows = scores, rows
         return out.view(P, heads * dv)
 
     @staticmethod
@@ -369,11 +424,21 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
         H = ctx.heads
         P = xp.shape[0]
         grad_out = grad_out.reshape(P, H, -1)
-        dxp = torch.zeros_like(xp)
-        dw = [torch.zeros_like(w).view(H, -1, xp.shape[1]) for w in (wq, wk, wv)]
         # the forward's scores serve the first backward pass and are freed as it goes (a second one,
         # with retain_graph, recomputes them)
         stored, ctx.scores = ctx.scores or [None] * H, None
+        rows = ctx.rows
+        if rows is not None:  # all heads' rows kept: their gradients per head, then one GEMM each for dxp and dw
+            grads = [torch.empty_like(r) for r in rows[:3]]
+            for h in range(H):
+                for g, gh in zip(grads, _attend_backward(
+                        rows[0][h], rows[1][h], rows[2][h], orders[h, 0], orders[h, 1], out[:, h], den[:, h],
+                        grad_out[:, h], ctx.block_size, ctx.chunk_blocks, stored[h])):
+                    g[h] = gh
+                stored[h] = None
+            return *all_head_grads(xp, rows[3], *grads, wv.shape[0] // H), None, None, None, None
+        dxp = torch.zeros_like(xp)
+        dw = [torch.zeros_like(w).view(H, -1, xp.shape[1]) for w in (wq, wk, wv)]
         for h in range(H):
             qa, ka, va = head_rows(xp, wq, wk, wv, H, h)
             grads = _attend_backward(qa, ka, va, orders[h, 0], orders[h, 1], out[:, h], den[:, h], grad_out[:, h],
