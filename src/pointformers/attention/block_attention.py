@@ -39,8 +39,10 @@ DEFAULT_GROUP_CHUNK: int | None = None
 #: denominator guard, so outputs are unchanged.
 LOGIT_FLOOR = -87.0
 
-#: Target number of score entries per chunk (fits in a core's L2 with its operands).
-DEFAULT_CHUNK_ELEMS = 1 << 18
+#: Target number of score entries per chunk: 2 MB of float32 scores, a core's L2 on the benchmarks'
+#: CPU. Published model, 2 threads, alternated: 6k hits 0.208 / 0.205 s against 0.228 / 0.213 s
+#: with 2^18 (minimum of 15 calls, two rounds), 60k hits unchanged (1.67-1.73 s either way).
+DEFAULT_CHUNK_ELEMS = 1 << 19
 
 #: Largest layer (rows × heads × tables × block size score entries, 5 bytes each) whose training
 #: forward keeps its scores for the backward pass instead of the backward recomputing them (one of
@@ -48,11 +50,12 @@ DEFAULT_CHUNK_ELEMS = 1 << 18
 #: cloud with HEPT's 8 heads, 3 tables and blocks of 100.
 STORE_SCORES_MAX = 1 << 24
 
-#: The default chunk is this many times larger in CPU training: a training step runs each chunk's
-#: kernels twice (forward, recomputing backward), and at the demo's 2-3k-hit clouds the per-kernel
-#: overhead of three chunks per head outweighs the cache (demo step at 2 threads: 4.31 against
-#: 4.09 clouds/s, two alternated rounds; docs/benchmarks.md, "Notes on HEPT's CPU kernels").
-TRAIN_CHUNK_FACTOR = 4
+#: The default chunk is this many times larger in CPU training (2^20 scores): a training step runs
+#: each chunk's kernels twice (forward, recomputing backward), and at the demo's 2-3k-hit clouds the
+#: per-kernel overhead of several chunks per head outweighs the cache (demo step at 2 threads: 4.31
+#: against 4.09 clouds/s with 2^18-score chunks, two alternated rounds; docs/benchmarks.md, "Notes
+#: on HEPT's CPU kernels").
+TRAIN_CHUNK_FACTOR = 2
 
 #: The same on a GPU (64 M scores, 256 MB in float32): there each chunk costs a handful of kernel
 #: launches, so small chunks leave it launch-bound (docs/benchmarks.md, "GPU notes").
