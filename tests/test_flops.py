@@ -42,7 +42,9 @@ def test_mechanism_counts_by_hand():
     assert attention_flops("full", 8, 4, 2).total() == 1024 + 2 * (256 + 384)
     # hept: 250 points, width 4, 1 head of width 4, c = 2, b = 100, 2 tables
     f = attention_flops("hept", 250, 4, 1, coord_dim=2, block_size=100, n_hashes=2, num_regions=4)
-    proj, hashes, blocks = 8 * 250 * 4 * 4, 4 * 250 * 6 * 2, 1_560_000
+    # blocks: 2 tables × 300 padded rows × b = 100 × (2·(d + c + 2) + 2·8): the value rows [v, 1]
+    # (5 columns) multiplied at the kernel's padded width of 8 (block_attention.value_width)
+    proj, hashes, blocks = 8 * 250 * 4 * 4, 4 * 250 * 6 * 2, 2 * 300 * 100 * (2 * 8 + 2 * 8)
     assert f.total() == proj + hashes + blocks
     assert f.total("train") == 3 * (proj + blocks) + hashes  # hashing carries no gradient
     # lsh_or with 3 hashes per table hashes three times as much

@@ -22,7 +22,7 @@ import torch
 from ..nn import allocator
 from .base import is_tracing
 from .block_attention import (DEFAULT_CHUNK_ELEMS, DEFAULT_GROUP_CHUNK, materialized_sorted_block_attention,
-                              projected_sorted_block_attention)
+                              projected_sorted_block_attention, value_width)
 from .flop_count import FlopCount, block_core, e2lsh_hash, projections
 from .hept_regions import HEPTContext, HEPTRegions
 from .kernel import KernelAttention, core_dtype, full_precision
@@ -66,11 +66,13 @@ def authors_argsort(keys: torch.Tensor, ctx: HEPTContext) -> torch.Tensor:
 
 def block_flops(m, n: int, dim: int, pos_dim: int | None = None) -> FlopCount:
     """One layer of HEPT or ``lsh_or`` (see :mod:`.flop_count`): projections, E2LSH hashes (no
-    gradient) and the block kernel."""
+    gradient) and the block kernel, its value product at the padded width the kernel runs
+    (:func:`.block_attention.value_width`)."""
     H, d, c = m.heads, m.head_dim, m.coord_dim
     f = FlopCount().add("projections", projections(n, dim, H, d))
     f.add("hash projections", H * e2lsh_hash(n, d + c, m.n_hashes, getattr(m, "n_and", 1)), grad=False)
-    f.add("block attention", H * block_core(n, d, c, m.block_size, m.n_hashes))
+    # the value rows [v, 1] at the width the fused kernel multiplies them (zero-padded to whole vectors)
+    f.add("block attention", H * block_core(n, d, c, m.block_size, m.n_hashes, v_width=value_width(d + 1) - 1))
     return f
 
 
