@@ -362,3 +362,14 @@ def test_hept_training_with_kept_rows_equals_per_head_rows(monkeypatch, n_hashes
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert all(g.abs().sum() > 0 for g in results[0][2:])
+
+
+def test_head_workers_range(two_threads, monkeypatch):
+    """Heads run in parallel only for PARALLEL_MIN_ROWS ≤ rows ≤ PARALLEL_MAX_ROWS in CPU inference."""
+    from pointformers.attention import block_attention as ba
+
+    monkeypatch.setattr(ba, "PARALLEL_MIN_ROWS", 10)
+    monkeypatch.setattr(ba, "PARALLEL_MAX_ROWS", 100)
+    assert [ba.head_workers(8, torch.empty(n, 3), False) for n in (9, 10, 100, 101)] == [1, 2, 2, 1]
+    assert ba.head_workers(8, torch.empty(50, 3), True) == 1  # training: one head after another
+    assert ba.head_workers(1, torch.empty(50, 3), False) == 1  # never more workers than heads

@@ -287,15 +287,23 @@ PARALLEL_HEADS = True
 #: Python's interpreter lock (measured in docs/benchmarks.md, "Notes on HEPT's CPU kernels").
 PARALLEL_MIN_ROWS = 4096
 
+#: Most rows for which :func:`head_workers` runs heads in parallel: past it a head's rows no longer
+#: fit in the last-level cache, every block's rows come from memory, and two heads at once only
+#: compete for it while each holds its own rows (about 0.7 GB per head at 1M points). Published
+#: model, 2 threads, one cold forward: 250k points 7.0 s in parallel against 9.7 s one head after
+#: another, 500k 18.0 against 16.0 s (peak growth 2.9 against 1.4 GB), 1M 41.7 against 38.2 s
+#: (4.3 against 2.6 GB).
+PARALLEL_MAX_ROWS = 300_000
+
 
 def head_workers(heads: int, xp: torch.Tensor, training: bool) -> int:
     """Threads :func:`run_heads` uses for the rows ``xp`` (P, ·): torch's intra-op thread count (at
-    most one per head) in CPU inference of at least :data:`PARALLEL_MIN_ROWS` rows when
-    :data:`PARALLEL_HEADS`; otherwise 1 (one head after another). Training keeps one after
+    most one per head) in CPU inference of :data:`PARALLEL_MIN_ROWS` to :data:`PARALLEL_MAX_ROWS`
+    rows when :data:`PARALLEL_HEADS`; otherwise 1 (one head after another). Training keeps one after
     another: its backward pass would need a gradient accumulator per thread, and at the sizes
     it runs its kernels are short."""
     if (not PARALLEL_HEADS or training or xp.device.type != "cpu" or is_tracing()
-            or xp.shape[0] < PARALLEL_MIN_ROWS):
+            or not PARALLEL_MIN_ROWS <= xp.shape[0] <= PARALLEL_MAX_ROWS):
         return 1
     return max(1, min(torch.get_num_threads(), heads))
 
