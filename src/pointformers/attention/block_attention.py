@@ -149,6 +149,7 @@ def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int, out=None, ke
     acc = va.new_zeros(va.shape)  # [Σ_t numerator, Σ_t denominator, padding] per row
     reuse = keep is None and not is_tracing()  # (a compiled graph allocates its own buffers)
     bufs = _ChunkBuffers(qa, ka, va, min(chunk_blocks, bq_all.shape[0]), b) if reuse else None
+    one_chunk = bq_all.shape[0] <= chunk_blocks and not is_tracing()
     for s in range(0, bq_all.shape[0], chunk_blocks):
         bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
         if bufs is None:
@@ -160,9 +161,31 @@ def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int, out=None, ke
             res = torch.bmm(scores, _rows(va, bk))
         else:
             res = bufs.chunk(qa, ka, va, bq, bk)
-        acc.index_add_(0, bq.reshape(-1), res.flatten(0, 1))
+        if one_chunk:
+            acc = sum_tables(res.flatten(0, 1), table_positions(iq))
+        else:
+            acc.index_add_(0, bq.reshape(-1), res.flatten(0, 1))
     den = acc[:, width - 1] + iq.shape[1] * DENOM_EPS
     return torch.div(acc[:, :width - 1], den[:, None], out=out), den
+
+
+def table_positions(order: torch.Tensor) -> torch.Tensor:
+    """For sort orders ``order`` (G, T, n) of row numbers (each table's orders together a permutation
+    of the G·n rows), the position of each row in the flattened (G, T, n) block layout, per table:
+    (T, G·n) int64 with ``pos[t, order[g, t, j]] = (g·T + t)·n + j``."""
+    G, T, n = order.shape
+    pos = torch.arange(G * T * n, device=order.device).view(G, T, n).transpose(0, 1).reshape(T, G * n)
+    return torch.empty_like(pos).scatter_(1, order.transpose(0, 1).reshape(T, G * n), pos)
+
+
+def sum_tables(res: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Σ over tables of per-table results in block layout: res (G·T·n, w) rows in the order of the
+    sort orders, pos from :func:`table_positions` -> (G·n, w) in row order. The same sums as
+    ``index_add_`` of every table's rows, as one row gather and a sum: ``index_add_`` on the CPU
+    scatters element by element and gets slower with a second thread, and the one-chunk heads of a
+    training step on small clouds spent 10 % of the step in it."""
+    T, R = pos.shape
+    return res.index_select(0, pos.reshape(-1)).view(T, R, -1).sum(0)
 
 
 class _ChunkBuffers:
@@ -204,7 +227,11 @@ def _attend_backward(qa, ka, va, iq, ik, out, den, grad_out, block_size: int, ch
     dacc = torch.cat([grad_out / den[:, None], (-(grad_out * out).sum(-1) / den)[:, None]], 1)
     if dacc.shape[1] < va.shape[1]:  # zero-padded value rows (value_width): their gradient columns are 0
         dacc = torch.cat([dacc, dacc.new_zeros(dacc.shape[0], va.shape[1] - dacc.shape[1])], 1)
-    dqa, dka, dva = torch.zeros_like(qa), torch.zeros_like(ka), torch.zeros_like(va)
+    one_chunk = bq_all.shape[0] <= chunk_blocks and not is_tracing()  # sums by gathers, see sum_tables
+    if one_chunk:
+        pos_q, pos_k = table_positions(iq), table_positions(ik)
+    else:
+        dqa, dka, dva = torch.zeros_like(qa), torch.zeros_like(ka), torch.zeros_like(va)
     for i, s in enumerate(range(0, bq_all.shape[0], chunk_blocks)):
         bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
         fq, fk = bq.reshape(-1), bk.reshape(-1)
@@ -216,12 +243,18 @@ def _attend_backward(qa, ka, va, iq, ik, out, den, grad_out, block_size: int, ch
             above = _clamped(logits)
             scores = _chunk_scores(logits)  # in place: logits are not needed again
         dNV = _rows(dacc, bq)
-        dva.index_add_(0, fk, torch.bmm(scores.transpose(1, 2), dNV).flatten(0, 1))
+        gv = torch.bmm(scores.transpose(1, 2), dNV).flatten(0, 1)
         dlog = torch.bmm(dNV, V.transpose(1, 2)).mul_(scores)
         if above is not None:
             dlog.masked_fill_(above, 0.0)
-        dqa.index_add_(0, fq, torch.bmm(dlog, K).flatten(0, 1))
-        dka.index_add_(0, fk, torch.bmm(dlog.transpose(1, 2), Q).flatten(0, 1))
+        gq = torch.bmm(dlog, K).flatten(0, 1)
+        gk = torch.bmm(dlog.transpose(1, 2), Q).flatten(0, 1)
+        if one_chunk:
+            dqa, dka, dva = sum_tables(gq, pos_q), sum_tables(gk, pos_k), sum_tables(gv, pos_k)
+        else:
+            dva.index_add_(0, fk, gv)
+            dqa.index_add_(0, fq, gq)
+            dka.index_add_(0, fk, gk)
     D = qa.shape[1] - 2
     dqa[:, :D].addcmul_(dqa[:, D:D + 1], qa[:, :D], value=-1.0)  # ∂(−½‖x‖²)/∂x = −x
     dka[:, :D].addcmul_(dka[:, D + 1:D + 2], ka[:, :D], value=-1.0)
