@@ -147,7 +147,7 @@ def test_training_never_packs_weights_and_inference_still_uses_onednn():
 
 
 @needs_onednn
-def test_matmul_inside_an_autograd_function_of_a_training_pass_is_plain():
+def test_matmul_inside_an_autograd_function_of_a_training_pass_is_plain(monkeypatch):
     class Proj(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, w):
@@ -168,7 +168,11 @@ def test_matmul_inside_an_autograd_function_of_a_training_pass_is_plain():
         y.sum().backward()
     assert ops.counts == {"pack": 0, "linear": 0}
     assert torch.equal(y, torch.mm(x, w.view(2, -1, 8)[1].T))   # plain mm: bit for bit
-    with torch.no_grad(), _CountOps() as ops:
+    with torch.no_grad(), _CountOps() as ops:  # inference, fewer rows than MATMUL_MIN_ROWS: plain mm
+        y2 = Proj.apply(x.detach(), w.detach())
+    assert ops.counts == {"pack": 0, "linear": 0}
+    monkeypatch.setattr(fast_linear, "MATMUL_MIN_ROWS", 40)
+    with torch.no_grad(), _CountOps() as ops:  # enough rows: packed for oneDNN
         y2 = Proj.apply(x.detach(), w.detach())
     assert ops.counts == {"pack": 1, "linear": 1}
     torch.testing.assert_close(y2, y.detach(), rtol=1e-5, atol=1e-5)
