@@ -34,15 +34,23 @@ print(outside, int(kept), inside, allocator._depth, second_fill())
 
 @glibc
 def test_freed_blocks_are_reused_inside_and_returned_after():
-    # in a fresh process: what earlier tests left in this one's heap would change the counts
-    out = subprocess.run([sys.executable, "-c", FAULTS], capture_output=True, text=True, check=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    outside, kept, inside, depth, after = map(int, out.stdout.split())
+    # in a fresh process: what earlier tests left in this one's heap would change the counts. Some
+    # fresh processes cannot grow their heap in place (address-space layout: measured in about one
+    # run in four on the CI machine) and glibc then serves the block elsewhere; reuse must show in
+    # one of five processes, while a broken setting never shows it
     pages = (96 << 20) // 4096
-    assert outside > pages // 2  # outside: a fresh mapping, faulted in page by page
-    assert kept and inside < pages // 10  # inside: the freed block is reused
-    assert depth == 0
-    assert after > pages // 2  # after: glibc's behaviour is back
+    runs = []
+    for _ in range(5):
+        out = subprocess.run([sys.executable, "-c", FAULTS], capture_output=True, text=True, check=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        outside, kept, inside, depth, after = map(int, out.stdout.split())
+        assert outside > pages // 2  # outside: a fresh mapping, faulted in page by page
+        assert kept and depth == 0
+        assert after > pages // 2  # after: glibc's behaviour is back
+        runs.append(inside)
+        if inside < pages // 10:  # inside: the freed block is reused
+            break
+    assert min(runs) < pages // 10, runs
 
 
 @glibc

@@ -227,3 +227,19 @@ def test_training_benchmark_step_plan_and_report(tmp_path):
     assert bt.out_of_memory_detail("Killed") == "ran out of memory"
     with pytest.raises(SystemExit, match="unknown"):
         bt.main(["--mechanisms", "nope"])
+
+
+def test_one_way_pairs_are_the_full_lists_forward_rows(events):
+    # build_tracking_pairs(one_way=True): exactly the rows with anchor < other of the full
+    # (symmetric) list, in its order, with the same labels
+    from pointformers.tasks.tracking import tracking_inputs
+    from pointformers.tasks.tracking.core import build_tracking_pairs
+
+    for ev in events[:3]:
+        inp = tracking_inputs(ev)
+        full = build_tracking_pairs(inp)
+        half = build_tracking_pairs(inp, one_way=True)
+        fwd = full.edge_index[0] < full.edge_index[1]
+        assert half.edge_index.shape[1] * 2 == full.edge_index.shape[1] > 0
+        assert torch.equal(half.edge_index, full.edge_index[:, fwd])
+        assert torch.equal(half.is_positive, full.is_positive[fwd])

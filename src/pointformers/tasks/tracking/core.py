@@ -371,6 +371,7 @@ def build_tracking_pairs(
     max_num_neighbors: int = 256,
     pt_min: float = 0.9,
     backend: Literal["auto", "kdtree", "torch"] = "auto",
+    one_way: bool = False,
 ) -> TrackingPairs:
     """The authors' labelled pairs for one cloud (their pair generation; the paper gives no details).
 
@@ -386,6 +387,8 @@ def build_tracking_pairs(
 
     Vectorised over particles with sort/``repeat_interleave`` tricks (no Python loop per hit
     or particle). The output size is intrinsic (≈ 75M pairs for a 60k-hit event).
+    ``one_way``: only the pairs with anchor < other, in the same order (the rows of the full list
+    with row < col; half the pairs, without building and sorting the other direction).
 
     Returns:
         :class:`TrackingPairs` on the CPU.
@@ -438,7 +441,8 @@ def build_tracking_pairs(
     which, neg_a = expand(g_of)
     neg_b = b_of[which]
 
-    edge_index = _undirected_sorted(torch.cat([pos_a, neg_a]), torch.cat([pos_b, neg_b]), n)
+    edges = _one_way_sorted if one_way else _undirected_sorted
+    edge_index = edges(torch.cat([pos_a, neg_a]), torch.cat([pos_b, neg_b]), n)
     return TrackingPairs(edge_index, _label_pairs(edge_index, pid, eligible), pid, eligible)
 
 

@@ -138,9 +138,9 @@ def _half_pairs(inputs: Sequence[TrackingInputs], radius: float, max_num_neighbo
         it = tqdm(inputs, desc=desc, leave=False, dynamic_ncols=True)
     out = []
     for inp in it:
-        p = build_tracking_pairs(inp, radius=radius, max_num_neighbors=max_num_neighbors, pt_min=pt_min)
-        keep = p.edge_index[0] < p.edge_index[1]  # the list is symmetric: keep one direction
-        out.append((p.edge_index[:, keep].to(torch.int32).contiguous(), p.is_positive[keep].contiguous()))
+        p = build_tracking_pairs(inp, radius=radius, max_num_neighbors=max_num_neighbors, pt_min=pt_min,
+                                 one_way=True)  # the list is symmetric: one direction is kept
+        out.append((p.edge_index.to(torch.int32).contiguous(), p.is_positive.contiguous()))
     return out
 
 
