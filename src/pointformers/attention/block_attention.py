@@ -96,13 +96,14 @@ def _clamped(logits: torch.Tensor) -> torch.Tensor | None:
     return logits > 0 if bool(logits.max() > 0) else None
 
 
-def _chunk_logits(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+def _chunk_logits(Q: torch.Tensor, K: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The logits of a chunk of blocks in the form :func:`_chunk_scores` takes: log2(e)·Q Kᵀ below
-    float64 (the scale is the GEMM's alpha), plain Q Kᵀ in float64. (c, b, D) ×2 -> (c, b, b)."""
+    float64 (the scale is the GEMM's alpha), plain Q Kᵀ in float64. (c, b, D) ×2 -> (c, b, b),
+    written into ``out`` if given."""
     if Q.dtype == torch.float64:
-        return torch.bmm(Q, K.transpose(1, 2))
-    return torch.baddbmm(Q.new_empty(()).expand(Q.shape[0], Q.shape[1], K.shape[1]), Q, K.transpose(1, 2),
-                         beta=0.0, alpha=LOG2E)
+        return torch.bmm(Q, K.transpose(1, 2), out=out)
+    base = out if out is not None else Q.new_empty(()).expand(Q.shape[0], Q.shape[1], K.shape[1])
+    return torch.baddbmm(base, Q, K.transpose(1, 2), beta=0.0, alpha=LOG2E, out=out)
 
 
 def _chunk_scores(logits: torch.Tensor) -> torch.Tensor:
@@ -207,11 +208,7 @@ class _ChunkBuffers:
         torch.index_select(qa, 0, bq.reshape(-1), out=Q.view(-1, Q.shape[-1]))
         torch.index_select(ka, 0, bk.reshape(-1), out=K.view(-1, K.shape[-1]))
         torch.index_select(va, 0, bk.reshape(-1), out=V.view(-1, V.shape[-1]))
-        if Q.dtype == torch.float64:
-            torch.bmm(Q, K.transpose(1, 2), out=L)
-        else:
-            torch.baddbmm(L, Q, K.transpose(1, 2), beta=0.0, alpha=LOG2E, out=L)
-        return torch.bmm(_chunk_scores(L), V, out=R)
+        return torch.bmm(_chunk_scores(_chunk_logits(Q, K, out=L)), V, out=R)
 
 
 def _attend_backward(qa, ka, va, iq, ik, out, den, grad_out, block_size: int, chunk_blocks: int,
@@ -292,6 +289,14 @@ def value_width(width: int) -> int:
     return -(-width // 8) * 8
 
 
+def padded_value_weights(wv: torch.Tensor, heads: int) -> torch.Tensor:
+    """Every head's value weights with zero rows appended up to :func:`value_width`:
+    (H·(dv+1), Din) -> (H, value_width(dv+1), Din)."""
+    w = wv.view(heads, -1, wv.shape[1])
+    pad = value_width(w.shape[1]) - w.shape[1]
+    return torch.cat([w, w.new_zeros(heads, pad, w.shape[2])], 1) if pad else w
+
+
 def head_rows(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, heads: int, h: int):
     """Head ``h``'s rows qa, ka (P, D+2) and va (P, :func:`value_width` (dv+1)) = xp @ w_hᵀ, with the
     norm columns filled and va's padding columns zero.
@@ -299,14 +304,10 @@ def head_rows(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Te
     xp: (P, Din); wq, wk: (H·(D+2), Din); wv: (H·(dv+1), Din), heads stacked h-major.
     """
     Din = xp.shape[1]
-    wv_h = wv.view(heads, -1, Din)[h]
-    pad = value_width(wv_h.shape[0]) - wv_h.shape[0]
-    if pad:
-        wv_h = torch.cat([wv_h, wv_h.new_zeros(pad, Din)])
-    # narrow GEMMs (K = Din ≈ 32): oneDNN runs them several times faster than MKL on the CPU
+    # narrow GEMMs (K = Din ≈ 32) through oneDNN for long inputs (fast_linear.matmul)
     qa = fast_linear.matmul(xp, wq.view(heads, -1, Din)[h].T)
     ka = fast_linear.matmul(xp, wk.view(heads, -1, Din)[h].T)
-    va = fast_linear.matmul(xp, wv_h.T)
+    va = fast_linear.matmul(xp, padded_value_weights(wv, heads)[h].T)
     fill_norm_columns(qa, ka)
     return qa, ka, va
 
@@ -389,10 +390,7 @@ def all_head_rows(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torc
     :func:`head_rows` gives head by head), and the stacked weight W (H·(2(D+2) + dv'), Din) with
     rows = xp Wᵀ (for the backward pass, :func:`all_head_grads`)."""
     P, Din = xp.shape
-    wv_h = wv.view(heads, -1, Din)
-    pad = value_width(wv_h.shape[1]) - wv_h.shape[1]
-    if pad:
-        wv_h = torch.cat([wv_h, wv_h.new_zeros(heads, pad, Din)], 1)
+    wv_h = padded_value_weights(wv, heads)
     w = torch.cat([wq, wk, wv_h.reshape(-1, Din)])
     rows = xp @ w.T
     qa, ka, va = (r.view(P, heads, -1).transpose(0, 1).contiguous()
