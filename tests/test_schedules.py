@@ -190,6 +190,33 @@ def test_cosine_per_step_with_warmup_is_linear_then_cosine() -> None:
     assert got[:5] == pytest.approx([LR / 4, LR / 2, 3 * LR / 4, LR, LR])
 
 
+@pytest.mark.parametrize("unit,min_lr", [("epoch", 0.0), ("step", 0.0), ("step", 0.004)])
+def test_linear_is_torch_linear_lr(unit: str, min_lr: float) -> None:
+    cfg = _config(schedule="linear", schedule_unit=unit, min_lr=min_lr, epochs=4)
+    total = 4 if unit == "epoch" else 4 * 5
+    ref = _torch_lrs(lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=1.0, end_factor=min_lr / LR,
+                                                                  total_iters=total), 4, 5, per_step=unit == "step")
+    got = _engine_lrs(cfg, 5)
+    assert got == pytest.approx(ref, rel=1e-12, abs=1e-15)
+    closed = [min_lr + (LR - min_lr) * (1 - (n // 5 if unit == "epoch" else n) / total) for n in range(20)]
+    assert got == pytest.approx(closed, rel=1e-12, abs=1e-15)
+
+
+def test_linear_with_warmup_is_linear_up_then_linear_down_to_zero() -> None:
+    # FLT's OC20 recipe (from Graphormer-3D): linear warm-up, then linear decay to zero
+    cfg = _config(schedule="linear", schedule_unit="step", warmup_steps=4, epochs=3)
+
+    def make(o):
+        warm = torch.optim.lr_scheduler.LinearLR(o, start_factor=1 / 4, end_factor=1.0, total_iters=3)
+        down = torch.optim.lr_scheduler.LinearLR(o, start_factor=1.0, end_factor=0.0, total_iters=15 - 4)
+        return torch.optim.lr_scheduler.SequentialLR(o, [warm, down], milestones=[4])
+
+    got = _engine_lrs(cfg, 5)
+    assert got == pytest.approx(_torch_lrs(make, 3, 5, True), rel=1e-12, abs=1e-15)
+    assert got[:5] == pytest.approx([LR / 4, LR / 2, 3 * LR / 4, LR, LR])
+    assert got[-1] == pytest.approx(LR / 11) and all(a > b for a, b in zip(got[4:], got[5:]))
+
+
 def test_step_with_warmup_formula() -> None:
     cfg = _config(step_size=3, gamma=0.5, schedule_unit="step", warmup_steps=2, epochs=2)
     assert scheduler_interval(cfg) == "step"
@@ -353,6 +380,27 @@ def test_sgd_plateau_in_the_engine_respects_mode(tmp_path: Path) -> None:
     assert [r["lr"] for r in res.history] == [0.05, 0.05, 0.025, 0.025, 0.025]
 
 
+def test_plateau_can_watch_another_metric_than_the_checkpoint(tmp_path: Path) -> None:
+    # the HEPT authors' pile-up recipe: best.pt by the main metric (max), the rate halved when the
+    # validation loss (min) stops falling
+    class TwoMetrics(RegTask):
+        @torch.no_grad()
+        def evaluate(self, model, samples):
+            self.calls += 1
+            return {"ap": [0.1, 0.2, 0.3, 0.4, 0.5][self.calls - 1], "loss": [1.0, 0.9, 0.95, 0.97, 0.99][self.calls - 1]}
+
+    cfg = _tc(epochs=5, lr=0.05, schedule="plateau", gamma=0.5, patience=1, metric="ap", mode="max",
+              plateau_metric="loss", plateau_mode="min")
+    _, res = _fit(cfg, tmp_path, TwoMetrics())
+    assert [r["lr"] for r in res.history] == [0.05, 0.05, 0.05, 0.05, 0.025]  # 2 epochs above 0.9
+    assert res.best_epoch == 5  # the checkpoint still follows "ap"
+    # without them the plateau watches "ap", which always rises: no reduction
+    _, res = _fit(replace(cfg, plateau_metric=None, plateau_mode=None), tmp_path / "ap", TwoMetrics())
+    assert [r["lr"] for r in res.history] == [0.05] * 5
+    with pytest.raises(ValueError, match=r"plateau_metric: the task's evaluate\(\) returned no 'val_loss'"):
+        _fit(replace(cfg, plateau_metric="val_loss"), tmp_path / "bad", TwoMetrics())
+
+
 # ------------------------------------------------------------------------------ resume rules
 def _stopped_then_resumed(cfg: TrainConfig, run: Path, stop_after: int, metrics=None):
     """Train until the task fails in epoch ``stop_after + 1``, then resume with the same config."""
@@ -377,6 +425,8 @@ def _stopped_then_resumed(cfg: TrainConfig, run: Path, stop_after: int, metrics=
     (dict(optimizer="adam", schedule="inverse_sqrt", schedule_unit="step", warmup="untuned", betas=[0.9, 0.9]), None),
     (dict(optimizer="sgd", momentum=0.9, schedule="plateau", gamma=0.5, patience=0),
      [0.5, 0.6, 0.4, 0.45, 0.3, 0.31]),
+    (dict(optimizer="adamw", betas=[0.9, 0.98], eps=1e-6, weight_decay=0.001, schedule="linear",
+          schedule_unit="step", warmup_steps=4, grad_clip=5.0), None),
 ])
 def test_stop_and_resume_equals_uninterrupted(tmp_path: Path, recipe: dict, metrics) -> None:
     cfg = _tc(epochs=6, lr=0.01, **recipe)
@@ -401,6 +451,11 @@ def test_resume_refuses_more_epochs_for_cosine_and_a_changed_recipe(tmp_path: Pa
                                          r"'step'\)"):
         fit(_net(), RegTask(), _data(), _data(2), replace(cfg, optimizer="adamw", schedule="step"), tmp_path, "net",
             {}, resume=True, log=None)
+    cfg = _tc(epochs=2, lr=0.01, schedule="linear", schedule_unit="step")
+    _fit(cfg, tmp_path / "linear")
+    with pytest.raises(ValueError, match=r"train\.epochs \(2 -> 3: schedule 'linear' decays over the run's total"):
+        fit(_net(), RegTask(), _data(), _data(2), replace(cfg, epochs=3), tmp_path / "linear", "net", {},
+            resume=True, log=None)
     # a per-step schedule that does not depend on the total takes more epochs
     cfg = _tc(epochs=2, lr=0.01, schedule="inverse_sqrt", schedule_unit="step", warmup_steps=3)
     _fit(cfg, tmp_path / "isqrt")
@@ -442,7 +497,8 @@ def test_resume_of_a_run_without_the_new_keys_compares_them_with_the_defaults(tm
 # ------------------------------------------------------------------------------ validation
 @pytest.mark.parametrize("sets,message", [
     (["train.optimizer=adm"], "train.optimizer: must be one of adam, adamw, sgd, got 'adm'"),
-    (["train.schedule=linear"], "train.schedule: must be one of step, cosine, inverse_sqrt, plateau, constant"),
+    (["train.schedule=exponential"], "train.schedule: must be one of step, cosine, linear, inverse_sqrt, plateau, "
+                                     "constant"),
     (["train.schedule_unit=batch"], "train.schedule_unit: must be one of epoch, step, got 'batch'"),
     (["train.warmup=cosine"], "train.warmup: must be one of null, linear, untuned, got 'cosine'"),
     (["train.betas=[0.9]"], "train.betas: must be two numbers in [0, 1)"),
@@ -454,6 +510,10 @@ def test_resume_of_a_run_without_the_new_keys_compares_them_with_the_defaults(tm
     (["train.optimizer=sgd", "train.nesterov=true"], "train.nesterov: needs momentum > 0"),
     (["train.min_lr=-1"], "train.min_lr: must be a finite number >= 0"),
     (["train.schedule=cosine", "train.min_lr=1"], "train.min_lr: must be <= lr"),
+    (["train.schedule=linear", "train.min_lr=1"], "train.min_lr: must be <= lr"),
+    (["train.plateau_metric=loss"], "train.plateau_metric: only used by schedule 'plateau'"),
+    (["train.schedule=plateau", "train.plateau_mode=down"], "train.plateau_mode: must be one of null, max, min"),
+    (["train.schedule=plateau", 'train.plateau_metric=""'], "train.plateau_metric: must be a non-empty string"),
     (["train.warmup_steps=-2"], "train.warmup_steps: must be an integer >= 0"),
     (["train.warmup=linear"], "train.warmup: 'linear' needs warmup_steps >= 1"),
     (["train.warmup=untuned", "train.warmup_steps=5"], "train.warmup_steps: must be 0 with warmup 'untuned'"),

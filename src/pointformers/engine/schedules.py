@@ -24,7 +24,7 @@ __all__ = ["OPTIMIZERS", "SCHEDULES", "SCHEDULE_UNITS", "WARMUPS", "NORM_LAYERS"
 
 #: Values of ``train.optimizer``, ``train.schedule``, ``train.schedule_unit`` and ``train.warmup``.
 OPTIMIZERS = ("adam", "adamw", "sgd")
-SCHEDULES = ("step", "cosine", "inverse_sqrt", "plateau", "constant")
+SCHEDULES = ("step", "cosine", "linear", "inverse_sqrt", "plateau", "constant")
 SCHEDULE_UNITS = ("epoch", "step")
 WARMUPS = ("linear", "untuned")
 
@@ -112,8 +112,8 @@ def scheduler_interval(config: Any) -> str:
 
 def schedule_uses_total(config: Any) -> bool:
     """Whether the learning rates depend on the run's length (``epochs``): then a resumed run
-    with more epochs would not continue the schedule it started (only ``cosine`` does)."""
-    return config.schedule == "cosine"
+    with more epochs would not continue the schedule it started (``cosine`` and ``linear``)."""
+    return config.schedule in ("cosine", "linear")
 
 
 def lr_factor(config: Any, steps_per_epoch: int) -> Callable[[int], float]:
@@ -128,6 +128,9 @@ def lr_factor(config: Any, steps_per_epoch: int) -> Callable[[int], float]:
     * ``step``: ``gamma ** floor(c / step_size)``;
     * ``cosine``: ``m + (1 - m) (1 + cos(pi min(1, c / C))) / 2`` with ``m = min_lr / lr``
       (torch's ``CosineAnnealingLR(T_max=C, eta_min=min_lr)``);
+    * ``linear``: ``m + (1 - m) (1 - min(1, c / C))`` (torch's ``LinearLR(1, m, total_iters=C)``;
+      with the warm-up, the "linear warm-up then linear decay to zero" of BERT and fairseq's
+      ``polynomial_decay``);
     * ``inverse_sqrt``: ``min(1, sqrt(max(W, 1) / (n + 1)))``: with the warm-up, ``lr min(t/W,
       sqrt(W/t))`` at step ``t = n + 1`` (the Transformer's schedule scaled to peak at ``lr``);
     * ``constant``: 1.
@@ -148,6 +151,9 @@ def lr_factor(config: Any, steps_per_epoch: int) -> Callable[[int], float]:
         if schedule == "cosine":
             progress = min(1.0, clock(n) / horizon) if horizon > 0 else 0.0
             return floor + (1.0 - floor) * (1.0 + math.cos(math.pi * progress)) / 2.0
+        if schedule == "linear":
+            progress = min(1.0, clock(n) / horizon) if horizon > 0 else 0.0
+            return floor + (1.0 - floor) * (1.0 - progress)
         if schedule == "inverse_sqrt":
             return min(1.0, math.sqrt(max(w, 1.0) / (n + 1)))
         if schedule == "constant":
@@ -165,7 +171,8 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: Any,
     """The scheduler of ``config`` (a validated :class:`~.trainer.TrainConfig`); step it as
     :func:`scheduler_interval` says. ``steps_per_epoch``: optimiser steps per epoch."""
     if config.schedule == "plateau":
-        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode=config.mode, factor=float(config.gamma),
+        mode = getattr(config, "plateau_mode", None) or config.mode
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode=mode, factor=float(config.gamma),
                                                           patience=config.patience, min_lr=float(config.min_lr))
     if config.schedule == "step" and not warmup_length(config):
         return build_step_lr(optimizer, config.step_size, config.gamma)  # the default recipe's object

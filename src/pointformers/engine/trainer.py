@@ -1,5 +1,5 @@
-"""The task-agnostic training engine: Adam/AdamW/SGD with step, cosine, inverse-sqrt, plateau or
-constant schedules and warm-up (:mod:`.schedules`; default Adam + StepLR), global batches of
+"""The task-agnostic training engine: Adam/AdamW/SGD with step, cosine, linear, inverse-sqrt, plateau
+or constant schedules and warm-up (:mod:`.schedules`; default Adam + StepLR), global batches of
 samples, validation every epoch, best/last checkpoints, exact resume, DistributedDataParallel,
 CSV/JSON/TensorBoard logs.
 
@@ -112,23 +112,28 @@ class TrainConfig:
         decay_exempt: no weight decay for biases, normalisation-layer weights and every
             parameter with fewer than 2 dimensions (two param groups).
         schedule: "step" (default), "cosine" (from lr down to ``min_lr`` at the end of the run),
-            "inverse_sqrt" (after the warm-up ∝ 1/sqrt(step), per optimiser step only),
-            "plateau" (``ReduceLROnPlateau`` on the validation ``metric`` and ``mode``, factor
-            ``gamma``, ``patience`` epochs, floor ``min_lr``) or "constant"
-            (:func:`.schedules.lr_factor` has the formulas).
-        schedule_unit: "epoch" or "step": what the decay of ``step`` and ``cosine`` counts (with
-            "step", cosine decays over all ``epochs × steps per epoch`` optimiser steps after
-            the warm-up). Everything but the plain per-epoch StepLR and plateau is a
-            ``LambdaLR`` updated after every optimiser step.
-        min_lr: the floor of ``cosine`` (<= lr) and of ``plateau``.
+            "linear" (straight from lr down to ``min_lr`` at the end of the run), "inverse_sqrt"
+            (after the warm-up ∝ 1/sqrt(step), per optimiser step only), "plateau"
+            (``ReduceLROnPlateau`` on the validation ``plateau_metric``/``plateau_mode``, by default
+            ``metric`` and ``mode``, factor ``gamma``, ``patience`` epochs, floor ``min_lr``) or
+            "constant" (:func:`.schedules.lr_factor` has the formulas).
+        schedule_unit: "epoch" or "step": what the decay of ``step``, ``cosine`` and ``linear``
+            counts (with "step", cosine and linear decay over all ``epochs × steps per epoch``
+            optimiser steps after the warm-up). Everything but the plain per-epoch StepLR and
+            plateau is a ``LambdaLR`` updated after every optimiser step.
+        min_lr: the floor of ``cosine`` and ``linear`` (<= lr) and of ``plateau``.
         warmup: null, "linear" (``warmup_steps`` steps from lr/warmup_steps up to lr) or
             "untuned" (Ma & Yarats 2021: 2/(1-beta2) steps, adam/adamw only);
             ``warmup_steps`` > 0 alone means linear. The warm-up multiplies the schedule;
             not with plateau.
         warmup_steps: length of the linear warm-up in optimiser steps (0 = none).
         patience: ``plateau``: epochs without improvement before a reduction.
+        plateau_metric, plateau_mode: ``plateau``: the validation metric it watches and whether
+            it should rise ("max") or fall ("min"), when not ``metric``/``mode`` (e.g. the HEPT
+            authors halve the rate on a validation-loss plateau but keep the checkpoint of the
+            best AUC); null = ``metric``/``mode``. Only with schedule ``plateau``.
         grad_clip: if set, clip the global gradient norm to this value before each step.
-            Not in the paper; an option for short, high-lr runs.
+            Not in the HEPT paper; SFT (max grad norm 1.0) and SAMSA (2.0) clip.
         seed: seeds torch's, numpy's and Python's global generators (dropout; ``seed + rank``
             under DDP) and the generator
             used for the data order and the task's per-step randomness.
@@ -165,6 +170,8 @@ class TrainConfig:
     warmup: str | None = None
     warmup_steps: int = 0
     patience: int = 10
+    plateau_metric: str | None = None
+    plateau_mode: str | None = None
     grad_clip: float | None = None
     seed: int = 42
     metric: str = "ap@k"
@@ -284,11 +291,18 @@ class TrainConfig:
             if self.gamma >= 1:
                 raise ValueError(f"gamma: must be < 1 with schedule 'plateau' (the reduction factor), "
                                  f"got {self.gamma!r}")
+        if self.plateau_metric is not None and (not isinstance(self.plateau_metric, str) or not self.plateau_metric):
+            raise ValueError(f"plateau_metric: must be a non-empty string or null, got {self.plateau_metric!r}")
+        one_of("plateau_mode", (None, "max", "min"))
+        if self.schedule != "plateau" and (self.plateau_metric is not None or self.plateau_mode is not None):
+            key = "plateau_metric" if self.plateau_metric is not None else "plateau_mode"
+            raise ValueError(f"{key}: only used by schedule 'plateau', got schedule {self.schedule!r}")
         if self.schedule == "inverse_sqrt" and self.schedule_unit != "step":
             raise ValueError("schedule_unit: must be 'step' with schedule 'inverse_sqrt' (it decays per "
                              f"optimiser step), got {self.schedule_unit!r}")
-        if self.schedule == "cosine" and self.min_lr > self.lr:
-            raise ValueError(f"min_lr: must be <= lr ({self.lr!r}) with schedule 'cosine', got {self.min_lr!r}")
+        if self.schedule in ("cosine", "linear") and self.min_lr > self.lr:
+            raise ValueError(f"min_lr: must be <= lr ({self.lr!r}) with schedule {self.schedule!r}, "
+                             f"got {self.min_lr!r}")
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -443,7 +457,7 @@ class Trainer:
     def check_resume_config(self, ck: Mapping[str, Any]) -> None:
         """Compare the run's stored config (``train_config``, ``model_name``, ``model_config`` of
         ``last.pt``) with the one given now. More ``epochs`` is taken unless the schedule depends
-        on the run's length (``cosine``: its remaining rates would not continue the ones already
+        on the run's length (``cosine``, ``linear``: its remaining rates would not continue the ones already
         used); ``progress`` and ``tensorboard`` (display and logging only) are ignored; any other
         difference raises ValueError listing the keys, unless ``accept_config_change``. A train
         key the stored config lacks (a run of an older version) counts as its default, the
@@ -603,13 +617,17 @@ class Trainer:
 
     def validate(self) -> dict[str, float]:
         """The task's metrics on the validation samples, then a ``plateau`` schedule's step on
-        ``config.metric`` (before ``last.pt`` saves it); ValueError if the metric is missing."""
+        ``config.plateau_metric`` (default ``config.metric``; before ``last.pt`` saves it);
+        ValueError if a metric is missing."""
         metrics = self.evaluate(self.val)
-        if self.config.metric not in metrics:
-            raise ValueError(f"metric: the task's evaluate() returned no {self.config.metric!r} "
-                             f"(it returned {sorted(metrics)})")
+        watched = [("metric", self.config.metric)]
+        if self.schedule_interval == "metric" and self.config.plateau_metric is not None:
+            watched.append(("plateau_metric", self.config.plateau_metric))
+        for key, name in watched:
+            if name not in metrics:
+                raise ValueError(f"{key}: the task's evaluate() returned no {name!r} (it returned {sorted(metrics)})")
         if self.schedule_interval == "metric":
-            self.scheduler.step(float(metrics[self.config.metric]))
+            self.scheduler.step(float(metrics[self.config.plateau_metric or self.config.metric]))
         return metrics
 
     def end_epoch(self, epoch: int, lr: float, train_loss: float, metrics: dict[str, float],
@@ -732,7 +750,7 @@ def fit(
         resume: continue from ``run_dir/last.pt`` if it exists (same config and world size
             give exactly the run that was not interrupted). The stored train and model config
             must match the given one, except a larger ``epochs`` (taken and recorded, unless
-            the schedule is ``cosine``); any
+            the schedule is ``cosine`` or ``linear``); any
             other difference raises ValueError naming the keys (see
             :meth:`Trainer.check_resume_config`).
         accept_config_change: resume even when the config differs; the changes are recorded
