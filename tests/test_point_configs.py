@@ -75,3 +75,75 @@ def test_paper_sizes_are_named_in_every_config():
     for p in CONFIGS:
         head = "".join(line for line in p.read_text().splitlines(True) if line.startswith("#"))
         assert "Paper sizes:" in head and "Run: pointformers train --config" in head, p.name
+
+
+# ------------------------------------------------------------------ the papers' recipes (issue 22)
+def _cfg(stem: str) -> dict:
+    return load_config(ROOT / "configs" / f"{stem}.yaml")
+
+
+#: Configs compared with each other in one task share one ``train`` section: the recipe of the
+#: mechanism's paper (baselines and twins take the one of the model they are compared with).
+SAME_TRAIN = [
+    ["shape-classification-sft-cls", "shape-classification-full-cls"],
+    ["shape-classification-samsa-cls", "shape-classification-samsa-cls-full"],
+    ["shape-classification-sampled-cls", "shape-classification-sampled-cls-full", "shape-classification-sampled-hier-cls",
+     "shape-classification-mlp-cls"],
+    ["part-segmentation-sft-partseg", "part-segmentation-full-partseg", "part-segmentation-mlp-partseg"],
+    ["listops-samsa-seq", "listops-full-seq", "listops-mlp-seq"],
+    ["pair-potential-flt-3d-reg", "pair-potential-full-3d-reg", "pair-potential-mlp-3d-reg"],
+    ["clustering-set-isab-pma-sampled", "clustering-set-isab-pma", "clustering-set-sab-pma", "clustering-mlp-set"],
+]
+
+
+@pytest.mark.parametrize("group", SAME_TRAIN, ids=lambda g: g[0])
+def test_compared_configs_share_one_train_section(group):
+    first = _cfg(group[0])["train"]
+    for stem in group[1:]:
+        assert _cfg(stem)["train"] == first, f"{stem}: train differs from {group[0]}"
+
+
+def test_sft_and_samsa_point_configs_use_the_normals():
+    # SFT App. D.1 (every point-cloud experiment), SAMSA's "point-normal" inputs; their twins and
+    # baselines get the same inputs
+    point = [p for p in CONFIGS if p.name.startswith(("shape-classification", "part-segmentation"))]
+    assert len(point) >= 14
+    for p in point:
+        cfg = load_config(p)
+        opts = cfg["model"]["options"]
+        assert cfg["data"]["normals"] is True and opts["in_dim"] == 3, p.name
+        if cfg["model"]["name"].startswith(("sft-", "full-")):
+            assert opts.get("normals", True) is True, p.name        # n_i . n_j in the relative features
+        assert "normals" in "".join(line for line in p.read_text().splitlines() if line.startswith("#")), p.name
+
+
+@pytest.mark.parametrize("stem,drop,table8", [
+    ("shape-classification-sft-cls", 0.5, dict(weight_decay=0.1, gamma=0.8, grad_clip=1.0)),
+    ("shape-classification-sft-ri-cls", 0.5, dict(weight_decay=0.1, gamma=0.8, grad_clip=1.0)),
+    ("part-segmentation-sft-partseg", 0.2, dict(weight_decay=0.1, gamma=0.8, grad_clip=1.0)),
+    ("part-segmentation-sft-ri-partseg", 0.2, dict(weight_decay=0.1, gamma=0.8, grad_clip=1.0)),
+])
+def test_sft_configs_run_tables_8_and_9(stem, drop, table8):
+    cfg = _cfg(stem)
+    tr = cfg["train"]
+    assert cfg["model"]["options"]["drop_token"] == drop
+    assert (tr["optimizer"], tr["schedule"], tr["lr"]) == ("adamw", "step", 1e-3)
+    assert {k: tr[k] for k in table8} == table8
+
+
+@pytest.mark.parametrize("stem", ["shape-classification-samsa-cls", "part-segmentation-samsa-partseg",
+                                  "listops-samsa-seq"])
+def test_samsa_configs_run_its_appendix_b(stem):
+    tr = _cfg(stem)["train"]
+    assert (tr["optimizer"], tr["lr"], tr["betas"], tr["weight_decay"], tr["schedule"], tr["grad_clip"]) == \
+        ("adamw", 1e-3, [0.9, 0.999], 0.01, "cosine", 2.0)
+
+
+def test_every_config_header_states_its_recipe():
+    for p in sorted((ROOT / "configs").glob("*.yaml")):
+        if p.name.startswith("tracking-"):   # the demo's recipe, documented in pointformers.cli.DEMO_CONFIG
+            continue
+        head = "".join(line for line in p.read_text().splitlines(True) if line.startswith("#"))
+        assert "Recipe" in head, p.name
+        if not p.name.startswith("pileup-") or p.name == "pileup-hept.yaml":
+            assert "Scaled for a CPU" in head or "scaled" in head.lower(), p.name
