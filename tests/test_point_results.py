@@ -17,28 +17,66 @@ def _mem(variant, pts):
     return [{"variant": variant, "points": n, "peak_mb": m, "step_s": 0.1} for n, m in pts]
 
 
+def _seeds(stem, oa, rot=None, metric="oa", jitter=(0.0, 0.01, -0.01)):
+    """Three seeds' rows around ``oa`` (and ``rot``): std 1 point with the default jitter."""
+    return [_row(stem, oa + j, None if rot is None else rot + j, metric, seed=i) for i, j in enumerate(jitter)]
+
+
 def test_claims_hold_or_not_on_the_numbers():
     S = "shape-classification-"
-    shapes = [_row(S + "mlp-cls", 0.70), _row(S + "sft-cls", 0.80, 0.10), _row(S + "full-cls", 0.82),
-              _row(S + "sft-ri-cls", 0.40, 0.40), _row(S + "sampled-cls", 0.75), _row(S + "sampled-cls-full", 0.72)]
-    listops = [_row("listops-samsa-seq", 0.36, metric="accuracy"), _row("listops-mlp-seq", 0.20, metric="accuracy")]
+    shapes = [*_seeds(S + "mlp-cls", 0.70), *_seeds(S + "sft-cls", 0.80, 0.10), *_seeds(S + "full-cls", 0.805),
+              *_seeds(S + "sft-ri-cls", 0.40, 0.40), *_seeds(S + "sampled-cls", 0.75),
+              *_seeds(S + "sampled-cls-full", 0.74)]
+    listops = [*_seeds("listops-samsa-seq", 0.36, metric="accuracy"), *_seeds("listops-mlp-seq", 0.20, metric="accuracy")]
     memory = (_mem("sampled", [(1024, 10), (2048, 20), (4096, 40)])
               + _mem("full (materialised, MATH kernel)", [(1024, 50), (2048, 200), (4096, 800)])
               + _mem("full (fused SDPA kernel)", [(1024, 10), (2048, 20), (4096, 40)]))
     claims = pr.check_claims(shapes, listops, memory)
     assert len(claims) == 5 and all(c.startswith("HOLDS") for c in claims), claims
-    assert "MLP 70.0" in claims[0] and "sft-cls 80.0 vs full-cls 82.0 (-2.0)" in claims[1]
-    assert "40.0 -> 40.0" in claims[2] and "80.0 -> 10.0" in claims[2]
-    assert "samsa-seq 36.0 vs mlp-seq 20.0" in claims[3]
+    assert "MLP 70.0 ± 1.0" in claims[0] and "sft-cls 80.0 ± 1.0 vs full-cls 80.5 ± 1.0 (-0.5, spread 2.0)" in claims[1]
+    assert "40.0 ± 1.0 -> 40.0 ± 1.0" in claims[2] and "80.0 ± 1.0 -> 10.0 ± 1.0" in claims[2]
+    assert "samsa-seq 36.0 ± 1.0 (spread 2.0) vs mlp-seq 20.0 ± 1.0" in claims[3]
     assert "x2.00 per doubling" in claims[4] and "x4.00 per doubling" in claims[4]
-    shapes[0]["test"]["oa"] = 0.78                          # the MLP now beats sampled-cls (75)
-    shapes[2]["test"]["oa"] = 0.90                          # sft-cls 10 points below its twin
-    shapes[3]["test_rotated"]["oa"] = 0.30                  # the invariant model drops
-    listops[1]["test"]["accuracy"] = 0.40
+
+    def set_oa(stem, oa, key="test"):
+        for r, j in zip([r for r in shapes + listops if r["stem"] == stem], (0.0, 0.01, -0.01)):
+            r[key][r["metric"]] = oa + j
+
+    set_oa(S + "mlp-cls", 0.78)                             # the MLP now beats sampled-cls (75)
+    set_oa(S + "full-cls", 0.90)                            # sft-cls 10 points below its twin
+    set_oa(S + "sft-ri-cls", 0.30, "test_rotated")          # the invariant model drops
+    set_oa("listops-mlp-seq", 0.40)
     memory = memory[:3] + _mem("full (materialised, MATH kernel)", [(1024, 50), (2048, 100), (4096, 200)])
     claims = pr.check_claims(shapes, listops, memory)
     assert all(c.startswith("DOES NOT HOLD") for c in claims), claims
-    assert "not beaten by sampled-cls" in claims[0] and "too far" in claims[1]
+    assert "not beaten beyond the spread by sft-cls, sampled-cls, sampled-cls-full." in claims[0]
+    assert "too far" in claims[1]
+
+
+def test_a_difference_inside_the_seeds_spread_does_not_hold():
+    S = "shape-classification-"
+    mlp = _seeds(S + "mlp-cls", 0.790)
+    # 0.2 points above the MLP on the mean, but with 1-point stds: inside the spread (2.0)
+    close = _seeds(S + "sampled-hier-cls", 0.792)
+    claims = pr.check_claims(mlp + close, [], [])
+    assert claims[0].startswith("DOES NOT HOLD") and "not beaten beyond the spread by sampled-hier-cls" in claims[0]
+    # the same means on exactly reproducible seeds (std 0): the difference clears a zero spread
+    claims = pr.check_claims(_seeds(S + "mlp-cls", 0.790, jitter=(0, 0, 0))
+                             + _seeds(S + "sampled-hier-cls", 0.792, jitter=(0, 0, 0)), [], [])
+    assert claims[0].startswith("HOLDS"), claims
+    # fewer than MIN_SEEDS seeds: undecided, whatever the numbers
+    claims = pr.check_claims([_row(S + "mlp-cls", 0.5), _row(S + "sft-cls", 0.9)], [], [])
+    assert claims[0].startswith("UNDECIDED"), claims
+
+
+def test_compare_and_spread():
+    assert pr.spread([1, 2, 3], [5, 5, 5]) == 1.0 and pr.spread([1], [2]) == 0.0
+    assert pr.compare([10, 11, 12], [5, 6, 7]) == "holds"              # +5 > spread 2
+    assert pr.compare([10, 11, 12], [9, 10, 11]) == "within spread"    # +1, spread 2
+    assert pr.compare([5, 6, 7], [10, 11, 12]) == "fails"              # -5 + 2 <= 0
+    assert pr.compare([8, 9, 10], [10, 11, 12], margin=3) == "within spread"   # -2 - 2 = -4 < -3 < -2 + 2
+    assert pr.compare([9.5, 10, 10.5], [10, 11, 12], margin=3) == "holds"      # -1 - 1.5 > -3
+    assert pr.compare([1, 2], [0, 0, 0]) == "undecided"
 
 
 def test_tiny_end_to_end_run_writes_only_its_section(tmp_path):

@@ -17,12 +17,16 @@ Three measurements, one markdown section (between ``<!-- point-results:begin -->
    softmax(QKᵀ)V that materialises it, as the paper's dense baseline does.
 
 Then each acceptance claim is checked on the measured numbers (:func:`check_claims`) and stated
-as holding or not, with the numbers: (a) every attention model beats the MLP + pooling baseline in
+as holding or not, with the numbers. The rule for every comparison of two configs
+(:func:`compare`): it is decided only on at least :data:`MIN_SEEDS` seeds each (else
+"UNDECIDED"), and holds only when the difference of the seed means clears its bar by more than
+the seeds' spread, the sum of the two configs' standard deviations over seeds (a difference inside
+the spread does not hold). The claims: (a) every attention model beats the MLP + pooling baseline in
 mean test OA over seeds (all shape configs but the MLP and the rotation-invariant SFT, whose
 all-ones tokens make it a different kind of model, judged by claim c); (b) every efficient model is within :data:`TWIN_TOLERANCE` points of its
 full-attention twin (efficient OA ≥ twin OA − tolerance); (c) the rotation-invariant SFT keeps its
-accuracy on rotated shapes (drop ≤ :data:`ROTATION_KEEP` points) while the non-invariant SFT drops
-(by more than :data:`ROTATION_DROP` points); (d) on ListOps every sampling model (SAMSA) beats the
+accuracy on rotated shapes (every seed's change ≤ :data:`ROTATION_KEEP` points) while the
+non-invariant SFT drops (by more than :data:`ROTATION_DROP` points beyond the spread); (d) on ListOps every sampling model (SAMSA) beats the
 no-attention baseline; (e) the Sampled Transformer trains at the largest size and full attention's
 materialised memory grows about quadratically (ratio of peaks per doubling of n ≥ 3) while the
 sampled model's grows about linearly (≤ 2.5).
@@ -49,7 +53,7 @@ import torch
 from .harness import machine, measure, recorded_command, run_isolated, write_section
 
 __all__ = ["SHAPE_CONFIGS", "LISTOPS_CONFIGS", "MEMORY_CONFIG", "TWINS", "train_config", "run_experiment",
-           "memory_comparison", "check_claims", "results_markdown", "run_point_results", "main"]
+           "memory_comparison", "MIN_SEEDS", "spread", "compare", "check_claims", "results_markdown", "run_point_results", "main"]
 
 _CFG = "configs"
 #: Shape-classification configs of the comparison (attention models, their twins, the MLP baseline).
@@ -71,6 +75,8 @@ SAMPLING_SEQ_PREFIX = "listops-samsa"
 NO_ATTENTION_SEQ = "listops-mlp-seq"
 #: Thresholds of the claims, in accuracy points (percent).
 TWIN_TOLERANCE = 3.0
+#: Fewest seeds per config on which a comparison is decided (:func:`compare`).
+MIN_SEEDS = 3
 ROTATION_KEEP = 1.0
 ROTATION_DROP = 5.0
 #: Memory growth per doubling of n: materialised attention quadratic (x4), sampled linear (x2).
@@ -219,9 +225,51 @@ def memory_comparison(sizes: Sequence[int] = (1024, 2048, 4096, 8192), config: s
 
 
 # ------------------------------------------------------------------------------------------ claims
+def _values(rows: Sequence[Mapping[str, Any]], stem: str, key: str = "test") -> list[float]:
+    """One config's per-seed scores in percent (seed order), ``key`` = ``"test"`` or ``"test_rotated"``."""
+    return [100 * r[key][r["metric"]] for r in sorted(rows, key=lambda r: r["seed"])
+            if r["stem"] == stem and r.get(key) is not None]
+
+
 def _mean(rows: Sequence[Mapping[str, Any]], stem: str, key: str = "test") -> float | None:
-    vals = [100 * r[key][r["metric"]] for r in rows if r["stem"] == stem and r.get(key) is not None]
+    vals = _values(rows, stem, key)
     return statistics.fmean(vals) if vals else None
+
+
+def spread(a: Sequence[float], b: Sequence[float]) -> float:
+    """The seeds' spread of a comparison of two configs: the sum of their sample standard deviations
+    over seeds (0 for a single seed). A difference of means counts only beyond it (see
+    :func:`compare`)."""
+    return sum(statistics.stdev(v) if len(v) > 1 else 0.0 for v in (a, b))
+
+
+def compare(a: Sequence[float], b: Sequence[float], margin: float = 0.0) -> str:
+    """Decide "mean(a) − mean(b) > −margin beyond the seeds' spread": ``"holds"`` when
+    mean(a) − mean(b) − :func:`spread` > −margin (the pessimistic end of the difference still
+    clears it), ``"fails"`` when mean(a) − mean(b) + spread ≤ −margin (even the optimistic end
+    does not), otherwise ``"within spread"`` (the seeds cannot tell). ``margin`` 0: a beats b;
+    ``margin`` > 0: a is within ``margin`` points of b or above. Fewer than :data:`MIN_SEEDS`
+    seeds on either side: ``"undecided"``."""
+    if min(len(a), len(b)) < MIN_SEEDS:
+        return "undecided"
+    d, sp = statistics.fmean(a) - statistics.fmean(b), spread(a, b)
+    if d - sp > -margin:
+        return "holds"
+    return "fails" if d + sp <= -margin else "within spread"
+
+
+def _verdict(outcomes: Sequence[str]) -> str:
+    """One claim's label from its comparisons' outcomes (:func:`compare`)."""
+    if not outcomes or "undecided" in outcomes:
+        return f"UNDECIDED (fewer than {MIN_SEEDS} seeds)"
+    return "HOLDS" if all(o == "holds" for o in outcomes) else "DOES NOT HOLD"
+
+
+_TWIN_NOTE = {"fails": ", too far", "within spread": ", the seeds cannot tell"}
+
+
+def _pm_short(vals: Sequence[float]) -> str:
+    return f"{statistics.fmean(vals):.1f}" + (f" ± {statistics.stdev(vals):.1f}" if len(vals) > 1 else "")
 
 
 def _growth(rows: Sequence[Mapping[str, Any]], variant: str) -> tuple[float | None, list[tuple[int, float]]]:
@@ -235,52 +283,66 @@ def _growth(rows: Sequence[Mapping[str, Any]], variant: str) -> tuple[float | No
 
 def check_claims(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence[Mapping[str, Any]],
                  memory_rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One plain sentence per acceptance claim, saying whether it holds on these numbers, with them."""
+    """One plain sentence per acceptance claim, saying whether it holds on these numbers, with them.
+
+    The rule (:func:`compare`): a claim that one config scores above another (or within a tolerance
+    of it) holds only when the difference of the seed means clears the bar by more than the seeds'
+    spread (the sum of the two configs' standard deviations over seeds), on at least
+    :data:`MIN_SEEDS` seeds; a difference inside the spread does not hold ("within the spread").
+    The rotation claim compares each config with itself on rotated shapes: the invariant model's
+    largest per-seed change must stay within :data:`ROTATION_KEEP`, the plain model's drop must
+    exceed :data:`ROTATION_DROP` beyond the spread."""
     out = []
     stems = list(dict.fromkeys(r["stem"] for r in shape_rows))
-    mlp = _mean(shape_rows, MLP_STEM)
-    if mlp is not None:
+    short = lambda s: s.replace("shape-classification-", "").replace("listops-", "")  # noqa: E731
+    mlp = _values(shape_rows, MLP_STEM)
+    if mlp:
         # the rotation-invariant model sees no coordinates, only invariant features; its claim is (c)
         attn = [s for s in stems if s not in (MLP_STEM, ROTATION_PAIR[0])]
-        vals = {s: _mean(shape_rows, s) for s in attn}
-        losers = [s for s, v in vals.items() if v is None or v <= mlp]
-        detail = ", ".join(f"{s.replace('shape-classification-', '')} {v:.1f}" for s, v in vals.items())
-        out.append(f"{'HOLDS' if not losers else 'DOES NOT HOLD'}: every attention model beats the MLP + pooling "
-                   f"baseline on the shapes (mean test OA %, MLP {mlp:.1f}; {detail}; the rotation-invariant SFT "
-                   f"is judged by its invariance claim below)"
-                   + (f" -- not beaten by {', '.join(s.replace('shape-classification-', '') for s in losers)}"
-                      if losers else "") + ".")
-    twin_parts, twin_ok = [], True
+        res = {s: compare(_values(shape_rows, s), mlp) for s in attn}
+        detail = ", ".join(f"{short(s)} {_pm_short(_values(shape_rows, s))} (spread "
+                           f"{spread(_values(shape_rows, s), mlp):.1f})" for s in attn)
+        losers = [s for s, o in res.items() if o in ("fails", "within spread")]
+        out.append(f"{_verdict(list(res.values()))}: every attention model beats the MLP + pooling baseline on the "
+                   f"shapes beyond the seeds' spread (test OA %, mean ± std over seeds; MLP {_pm_short(mlp)}; "
+                   f"{detail}; the rotation-invariant SFT is judged by its invariance claim below)"
+                   + (f" -- not beaten beyond the spread by {', '.join(short(s) for s in losers)}" if losers else "")
+                   + ".")
+    twin_parts, outcomes = [], []
     for eff, twin in TWINS.items():
-        a, b = _mean(shape_rows, eff), _mean(shape_rows, twin)
-        if a is None or b is None:
+        a, b = _values(shape_rows, eff), _values(shape_rows, twin)
+        if not a or not b:
             continue
-        ok = a >= b - TWIN_TOLERANCE
-        twin_ok &= ok
-        twin_parts.append(f"{eff.replace('shape-classification-', '')} {a:.1f} vs {twin.replace('shape-classification-', '')} "
-                          f"{b:.1f} ({a - b:+.1f}{'' if ok else ', too far'})")
+        o = compare(a, b, TWIN_TOLERANCE)
+        outcomes.append(o)
+        d = statistics.fmean(a) - statistics.fmean(b)
+        twin_parts.append(f"{short(eff)} {_pm_short(a)} vs {short(twin)} {_pm_short(b)} ({d:+.1f}, spread "
+                          f"{spread(a, b):.1f}{_TWIN_NOTE.get(o, '')})")
     if twin_parts:
-        out.append(f"{'HOLDS' if twin_ok else 'DOES NOT HOLD'}: the efficient models are within {TWIN_TOLERANCE:.0f} "
-                   f"points of (or above) their full-attention twins (mean test OA %: {'; '.join(twin_parts)}).")
+        out.append(f"{_verdict(outcomes)}: the efficient models are within {TWIN_TOLERANCE:.0f} points of (or above) "
+                   f"their full-attention twins beyond the seeds' spread (test OA %: {'; '.join(twin_parts)}).")
     inv, plain = ROTATION_PAIR
-    a0, a1 = _mean(shape_rows, inv), _mean(shape_rows, inv, "test_rotated")
-    b0, b1 = _mean(shape_rows, plain), _mean(shape_rows, plain, "test_rotated")
-    if None not in (a0, a1, b0, b1):
-        ok = abs(a0 - a1) <= ROTATION_KEEP and b0 - b1 > ROTATION_DROP
-        out.append(f"{'HOLDS' if ok else 'DOES NOT HOLD'}: the rotation-invariant SFT keeps its accuracy on randomly "
-                   f"rotated (SO(3)) test shapes, {a0:.1f} -> {a1:.1f} % OA, while the non-invariant SFT drops, "
-                   f"{b0:.1f} -> {b1:.1f} % (thresholds: change <= {ROTATION_KEEP:.0f} point, drop > "
-                   f"{ROTATION_DROP:.0f} points).")
+    a0, a1 = _values(shape_rows, inv), _values(shape_rows, inv, "test_rotated")
+    b0, b1 = _values(shape_rows, plain), _values(shape_rows, plain, "test_rotated")
+    if a0 and a1 and b0 and b1:
+        keep = len(a0) == len(a1) and max(abs(x - y) for x, y in zip(a0, a1)) <= ROTATION_KEEP
+        drop = compare(b0, b1, -ROTATION_DROP)  # b0 − b1 > ROTATION_DROP beyond the spread
+        label = _verdict(["holds" if keep else "fails", drop] if min(len(a0), len(b0)) >= MIN_SEEDS
+                         else ["undecided"])
+        out.append(f"{label}: the rotation-invariant SFT keeps its accuracy on randomly rotated (SO(3)) test shapes, "
+                   f"{_pm_short(a0)} -> {_pm_short(a1)} % OA, while the non-invariant SFT drops, {_pm_short(b0)} -> "
+                   f"{_pm_short(b1)} % (thresholds: every seed's change <= {ROTATION_KEEP:.0f} point; a drop > "
+                   f"{ROTATION_DROP:.0f} points beyond the spread {spread(b0, b1):.1f}).")
     seq = list(dict.fromkeys(r["stem"] for r in listops_rows))
-    base = _mean(listops_rows, NO_ATTENTION_SEQ)
-    if base is not None:
-        samp = {s: _mean(listops_rows, s) for s in seq if s.startswith(SAMPLING_SEQ_PREFIX)}
+    base = _values(listops_rows, NO_ATTENTION_SEQ)
+    if base:
+        samp = {s: _values(listops_rows, s) for s in seq if s.startswith(SAMPLING_SEQ_PREFIX)}
         if samp:
-            ok = all(v > base for v in samp.values())
-            out.append(f"{'HOLDS' if ok else 'DOES NOT HOLD'}: on ListOps the sampling model(s) beat the no-attention "
-                       f"baseline (mean test accuracy %: "
-                       + ", ".join(f"{s.replace('listops-', '')} {v:.1f}" for s, v in samp.items())
-                       + f" vs {NO_ATTENTION_SEQ.replace('listops-', '')} {base:.1f}).")
+            res = [compare(v, base) for v in samp.values()]
+            out.append(f"{_verdict(res)}: on ListOps the sampling model(s) beat the no-attention baseline beyond the "
+                       "seeds' spread (test accuracy %: "
+                       + ", ".join(f"{short(s)} {_pm_short(v)} (spread {spread(v, base):.1f})" for s, v in samp.items())
+                       + f" vs {short(NO_ATTENTION_SEQ)} {_pm_short(base)}).")
     if memory_rows:
         sizes = sorted({r["points"] for r in memory_rows})
         top = sizes[-1]
@@ -368,7 +430,7 @@ def results_markdown(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequ
 
 
 def run_point_results(shape_configs: Sequence[str] = SHAPE_CONFIGS, listops_configs: Sequence[str] = LISTOPS_CONFIGS,
-                      seeds: Sequence[int] = (42, 43), memory_sizes: Sequence[int] = (1024, 2048, 4096, 8192),
+                      seeds: Sequence[int] = (42, 43, 44), memory_sizes: Sequence[int] = (1024, 2048, 4096, 8192),
                       shape_overrides: Sequence[str] = (), listops_overrides: Sequence[str] = (),
                       memory_config: str = MEMORY_CONFIG, out_dir: str | os.PathLike = "runs/point-results",
                       doc: str | None = None, command: str | None = None,
@@ -428,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _memory_worker(argv[2:])
         return 0
     p = argparse.ArgumentParser(prog="python -m pointformers.bench.point_results", description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43])
+    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     p.add_argument("--shape-configs", nargs="*", default=list(SHAPE_CONFIGS))
     p.add_argument("--listops-configs", nargs="*", default=list(LISTOPS_CONFIGS))
     p.add_argument("--memory-sizes", type=int, nargs="*", default=[1024, 2048, 4096, 8192])
