@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 import pointformers.attention.sft  # noqa: F401  (registers "sft")
 from pointformers.attention import ForwardContext, build
-from pointformers.attention.sft import SFTAttention, SFTBlock, SFTSampler, maxout_scores, maxout_scores_dense
+from pointformers.attention.sft import (SFTAttention, SFTBlock, SFTSampler, maxout_scores, maxout_scores_dense,
+                                        point_relative_features)
 from pointformers.models.sft_models import SFTEncoder
 
 DIM = 12
@@ -210,10 +211,12 @@ def _random_rotation(g):
     return q if torch.det(q) > 0 else -q
 
 
-def test_rotation_invariant_model_is_invariant():
+@pytest.mark.parametrize("options", [{}, {"rel_features": "ppf"}, {"rpe_hidden": 8},
+                                     {"rel_features": "ppf", "rpe_hidden": 8}])
+def test_rotation_invariant_model_is_invariant(options):
     g = torch.Generator().manual_seed(6)
     torch.manual_seed(6)
-    enc = SFTEncoder(16, depth=2, heads=2, k=6, rotation_invariant=True, drop_token=0.2).double()
+    enc = SFTEncoder(16, depth=2, heads=2, k=6, rotation_invariant=True, drop_token=0.2, **options).double()
     xyz = torch.randn(2, 20, 3, generator=g, dtype=torch.float64)
     nrm = F.normalize(torch.randn(2, 20, 3, generator=g, dtype=torch.float64), dim=-1)
     mask = _rand_mask([20, 11], 20, g)
@@ -228,6 +231,27 @@ def test_rotation_invariant_model_is_invariant():
         y_rot = enc(None, pos_rot, mask)
         torch.testing.assert_close(y_rot, y, atol=1e-9, rtol=0)
     assert float(y[0].std(0).sum()) > 1e-3   # tokens are not all alike (rank injection at work)
+
+
+def test_point_pair_features_and_rpe_mlp():
+    g = torch.Generator().manual_seed(3)
+    xyz = torch.randn(1, 5, 3, generator=g, dtype=torch.float64)
+    nrm = F.normalize(torch.randn(1, 5, 3, generator=g, dtype=torch.float64), dim=-1)
+    pos = torch.cat([xyz, nrm], -1)
+    f = point_relative_features(pos, pos[:, :3], 3, "ppf")
+    assert f.shape == (1, 5, 3, 4)
+    i, j = 4, 1
+    d = xyz[0, j] - xyz[0, i]
+    want = torch.stack([d @ d, nrm[0, i] @ nrm[0, j], nrm[0, i] @ d, nrm[0, j] @ d])
+    torch.testing.assert_close(f[0, i, j], want)
+    torch.testing.assert_close(f[..., :2], point_relative_features(pos, pos[:, :3], 3))   # the paper's two first
+    m = SFTAttention(16, heads=2, k=4, rpe="points", normal_dims=3, rel_features="ppf", rpe_hidden=8)
+    assert m.rpe_mlp[0].in_features == 4 and m.r_mul.in_features == 8 and "rpe_hidden=8" in repr(m)
+    for bad, match in (({"rel_features": "pairs"}, "rel_features"), ({"rel_features": "ppf", "normal_dims": 0}, "ppf"),
+                       ({"rpe_hidden": -1}, "rpe_hidden"), ({"rpe": "none", "rpe_hidden": 4}, "rpe_hidden")):
+        opts = {"rpe": "points", "normal_dims": 3, **bad}
+        with pytest.raises(ValueError, match=match):
+            SFTAttention(16, heads=2, k=4, **opts)
 
 
 def test_rotation_invariant_model_padding_invariance_with_tied_scores():

@@ -310,19 +310,33 @@ def sinusoid_1d(positions: torch.Tensor, dim: int, exponent: str = "paper") -> t
     return torch.stack([ang.sin(), ang.cos()], dim=-1).flatten(-2)
 
 
-def point_relative_features(pos_q: torch.Tensor, pos_k: torch.Tensor, normal_dims: int) -> torch.Tensor:
-    """``[‖x_i − x_j‖², n_i·n_j]`` for pos = [coords, normals]: (B, N, P), (B, k, P) -> (B, N, k, r).
+#: Values of ``rel_features``: the paper's pair features, or point-pair features (see below).
+REL_FEATURES = ("paper", "ppf")
 
-    r = 2 with normals (``normal_dims`` > 0), else 1. Both are SO(3)-invariant (and the first is
-    translation-invariant). The squared distance is formed from differences (no ‖a‖²+‖b‖²−2ab
+
+def point_relative_features(pos_q: torch.Tensor, pos_k: torch.Tensor, normal_dims: int,
+                            kind: str = "paper") -> torch.Tensor:
+    """Relative features of every (query, key) pair for pos = [coords, normals]: (B, N, P), (B, k, P)
+    -> (B, N, k, r).
+
+    ``"paper"``: ``[‖x_i − x_j‖², n_i·n_j]`` (r = 2 with normals, ``normal_dims`` > 0, else r = 1).
+    ``"ppf"`` (with normals only): those two and the point-pair-feature terms ``n_i·(x_j − x_i)`` and
+    ``n_j·(x_j − x_i)``, where the normals meet the pair's offset (r = 4): still SO(3)- and
+    translation-invariant, and they tell a point on a flat face from one on a curved one, which the
+    paper's two cannot. The squared distance is formed from differences (no ‖a‖²+‖b‖²−2ab
     cancellation); the temporary is (B, N, k, P − normal_dims).
     """
     c = pos_q.shape[-1] - normal_dims
-    d2 = (pos_q[..., None, :c] - pos_k[..., None, :, :c]).pow(2).sum(-1)
+    diff = pos_k[..., None, :, :c] - pos_q[..., None, :c]           # x_j − x_i, (B, N, k, c)
+    d2 = diff.pow(2).sum(-1)
     if normal_dims == 0:
         return d2.unsqueeze(-1)
     nd = torch.matmul(pos_q[..., c:], pos_k[..., c:].transpose(-1, -2))
-    return torch.stack([d2, nd], dim=-1)
+    if kind == "paper":
+        return torch.stack([d2, nd], dim=-1)
+    ni = (diff * pos_q[..., None, c:]).sum(-1)
+    nj = (diff * pos_k[..., None, :, c:]).sum(-1)
+    return torch.stack([d2, nd, ni, nj], dim=-1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,6 +370,11 @@ class SFTAttention(TokenMixer):
         rpe: relative features: ``"none"``, ``"points"``, ``"sequence"`` or ``"graph"`` (module docstring).
         normal_dims: for ``rpe="points"``, how many trailing ``pos`` columns are surface normals
             (default 0: all columns are coordinates; use 3 with pos = [xyz, normals]).
+        rel_features: for ``rpe="points"``: ``"paper"`` (‖x_i − x_j‖², n_i·n_j) or ``"ppf"`` (with
+            normals: also n_i·(x_j − x_i), n_j·(x_j − x_i); :func:`point_relative_features`).
+        rpe_hidden: 0 (the paper): R_mul and R_add are linear in the relative features; > 0: the
+            features first pass a shared Linear(r, rpe_hidden) + GELU, so each head's bias can be
+            any smooth function of them, not a weighted sum.
         edge_dim: for ``rpe="graph"``, channels r of ``edge_attr`` (B, N, N, r).
         pe_dim: for ``rpe="sequence"``, sinusoid width d_pe (even; default D rounded up to even).
         sinusoid_exponent: ``"paper"`` (j/d, as printed) or ``"standard"`` (2j/d).
@@ -379,17 +398,27 @@ class SFTAttention(TokenMixer):
     features) as the constructor does, in its order; SFT has no frozen draws.
     """
 
-    _repr_fields = ("k", "rpe", "leaky", "leak_mode")
+    _repr_fields = ("k", "rpe", "leaky", "leak_mode", "rel_features", "rpe_hidden")
 
     def __init__(self, dim: int, heads: int = 8, k: int = 256, head_dim: int | None = None, rpe: str = "none",
                  normal_dims: int = 0, edge_dim: int | None = None, pe_dim: int | None = None,
                  sinusoid_exponent: str = "paper", leaky: bool = True, leak_mode: str = "per_key_sum",
                  tau: float = 1.0, drop_token: float = 0.0, partner: str = "random", hard: bool = False,
                  hard_eval: bool = False, qk_dropout: float = 0.0, bias: bool = True, eps: float = 1e-6,
-                 dense_reference: bool = False, chunk_elems: int = 1 << 22, dropout: float = 0.0):
+                 dense_reference: bool = False, chunk_elems: int = 1 << 22, dropout: float = 0.0,
+                 rel_features: str = "paper", rpe_hidden: int = 0):
         super().__init__(dim, heads, dropout)
         if rpe not in _RPE_KINDS:
             raise ValueError(f"rpe must be one of {_RPE_KINDS}, got {rpe!r}")
+        if rel_features not in REL_FEATURES:
+            raise ValueError(f"rel_features must be one of {REL_FEATURES}, got {rel_features!r}")
+        if rel_features == "ppf" and (rpe != "points" or normal_dims == 0):
+            raise ValueError("rel_features='ppf' needs rpe='points' with normals (normal_dims > 0)")
+        if isinstance(rpe_hidden, bool) or not isinstance(rpe_hidden, int) or rpe_hidden < 0:
+            raise ValueError(f"rpe_hidden must be an int >= 0, got {rpe_hidden!r}")
+        if rpe_hidden and rpe not in ("points", "graph"):
+            raise ValueError(f"rpe_hidden needs rpe='points' or 'graph', got rpe={rpe!r}")
+        self.rel_features, self.rpe_hidden = rel_features, rpe_hidden
         if leak_mode not in ("per_key_sum", "per_query"):
             raise ValueError(f"leak_mode must be 'per_key_sum' or 'per_query', got {leak_mode!r}")
         if sinusoid_exponent not in ("paper", "standard"):
@@ -410,7 +439,7 @@ class SFTAttention(TokenMixer):
         self.out_linear = nn.Linear(inner, dim)
         self.qk_dropout = nn.Dropout(qk_dropout)
         if rpe == "points":
-            r = 1 + (normal_dims > 0)
+            r = 1 if normal_dims == 0 else (2 if rel_features == "paper" else 4)
         elif rpe == "graph":
             r = edge_dim
         elif rpe == "sequence":
@@ -419,9 +448,10 @@ class SFTAttention(TokenMixer):
                 raise ValueError(f"pe_dim must be even, got {pe_dim!r}")
             self.w_pe = nn.Linear(r, r, bias=False)  # "learnable linear combination of Sinusoid1D"
         self.rel_dim = r if rpe != "none" else 0
+        self.rpe_mlp = nn.Sequential(nn.Linear(r, rpe_hidden), nn.GELU()) if rpe_hidden else None
         if rpe != "none":
-            self.r_mul = nn.Linear(r, heads)
-            self.r_add = nn.Linear(r, heads)
+            self.r_mul = nn.Linear(rpe_hidden or r, heads)
+            self.r_add = nn.Linear(rpe_hidden or r, heads)
 
     # ---- relative bias ----------------------------------------------------------------------
     def _check_edge_attr(self, edge_attr, x, mask) -> torch.Tensor:
@@ -445,8 +475,9 @@ class SFTAttention(TokenMixer):
         if self.rpe in ("points", "graph"):
             if self.rpe == "points":
                 pw = pos.to(wd)
-                rel_t = point_relative_features(pw, gather_rows(pw, samp.idx_top), self.normal_dims)
-                rel_r = point_relative_features(pw, gather_rows(pw, samp.idx_rand), self.normal_dims)
+                rel_t = point_relative_features(pw, gather_rows(pw, samp.idx_top), self.normal_dims, self.rel_features)
+                rel_r = point_relative_features(pw, gather_rows(pw, samp.idx_rand), self.normal_dims,
+                                                self.rel_features)
             else:
                 B, N = x.shape[:2]
                 e = edge_attr.to(wd)
@@ -454,6 +485,10 @@ class SFTAttention(TokenMixer):
                 def cols(idx):
                     return e.gather(2, idx[:, None, :, None].expand(B, N, idx.shape[1], self.edge_dim))
                 rel_t, rel_r = cols(samp.idx_top), cols(samp.idx_rand)           # (B, N, k', r)
+            if self.rpe_mlp is not None:
+                lin = self.rpe_mlp[0]
+                w1, b1 = lin.weight.to(wd), lin.bias.to(wd)
+                rel_t, rel_r = (F.gelu(F.linear(rel, w1, b1)) for rel in (rel_t, rel_r))
             wm, bm = self.r_mul.weight.to(wd), self.r_mul.bias.to(wd)
             wa, ba = self.r_add.weight.to(wd), self.r_add.bias.to(wd)
             out = [F.linear(rel, w, b).permute(0, 3, 1, 2) for rel in (rel_t, rel_r) for (w, b) in ((wm, bm), (wa, ba))]
