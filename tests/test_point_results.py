@@ -122,3 +122,23 @@ def test_memory_worker_measures_one_training_step(capsys):
         assert r["step_s"] > 0 and r["peak_mb"] >= 0
     with pytest.raises(ValueError, match="sizes"):
         pr.memory_comparison(sizes=[1])
+
+
+def test_reuse_merges_runs_made_in_parallel(tmp_path):
+    S = "shape-classification-"
+    a = {"seeds": [0, 1, 2], "shapes": _seeds(S + "mlp-cls", 0.70), "listops": [],
+         "memory": _mem("sampled", [(1024, 10), (2048, 20)])}
+    b = {"seeds": [0, 1, 2], "shapes": _seeds(S + "sft-cls", 0.90, 0.10) + [_row(S + "mlp-cls", 0.10, seed=2)],
+         "listops": _seeds("listops-mlp-seq", 0.2, metric="accuracy"), "memory": []}
+    for name, d in (("a.json", a), ("b.json", b)):
+        (tmp_path / name).write_text(json.dumps(d))
+    out = pr.run_point_results(memory_sizes=(), out_dir=tmp_path / "merged", doc=None, log=None,
+                               reuse=[tmp_path / "a.json", tmp_path / "b.json"])
+    stems = [(r["stem"], r["seed"]) for r in out["shapes"]]
+    assert len(stems) == 6 and len(set(stems)) == 6                       # one row per config and seed
+    mlp2 = next(r for r in out["shapes"] if r["stem"] == S + "mlp-cls" and r["seed"] == 2)
+    assert mlp2["test"]["oa"] == 0.10                                      # the later file's row wins
+    assert len(out["listops"]) == 3 and out["memory"] == a["memory"]      # memory from the file that has some
+    with pytest.raises(ValueError, match="b.json"):
+        (tmp_path / "b.json").write_text("{")
+        pr.run_point_results(memory_sizes=(), log=None, reuse=[tmp_path / "a.json", tmp_path / "b.json"])

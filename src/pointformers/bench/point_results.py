@@ -434,12 +434,16 @@ def run_point_results(shape_configs: Sequence[str] = SHAPE_CONFIGS, listops_conf
                       shape_overrides: Sequence[str] = (), listops_overrides: Sequence[str] = (),
                       memory_config: str = MEMORY_CONFIG, out_dir: str | os.PathLike = "runs/point-results",
                       doc: str | None = None, command: str | None = None,
-                      log: Callable[[str], None] | None = print, reuse: str | os.PathLike | None = None
+                      log: Callable[[str], None] | None = print,
+                      reuse: str | os.PathLike | Sequence[str | os.PathLike] | None = None
                       ) -> dict[str, Any]:
     """Run the three measurements, check the claims, optionally write the ``point-results`` section of ``doc``.
 
-    ``reuse``: a ``point-results.json`` of an earlier run whose shape and ListOps rows (and seeds)
-    are taken as they are instead of training again (to re-measure memory only).
+    ``reuse``: one or more ``point-results.json`` of earlier runs whose shape and ListOps rows (and
+    seeds) are taken as they are instead of training again: to re-measure memory only, or to merge
+    runs of different configs or seeds made in parallel processes (a later file's row replaces an
+    earlier one of the same config and seed). With ``memory_sizes`` empty, the memory rows of the
+    last file that has some are taken too.
     Returns ``{"shapes", "listops", "memory", "claims", "markdown"}`` (and writes
     ``out_dir/point-results.json``).
     """
@@ -449,12 +453,24 @@ def run_point_results(shape_configs: Sequence[str] = SHAPE_CONFIGS, listops_conf
     t0 = time.perf_counter()
     shapes = listops = memory = []
     if reuse is not None:
-        try:
-            earlier = json.loads(Path(reuse).read_text())
-            shapes, listops, seeds = earlier["shapes"], earlier["listops"], earlier["seeds"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise ValueError(f"reuse: {str(reuse)!r} is not a readable point-results.json ({exc})") from None
-        say(f"reusing the shape and ListOps rows of {reuse} (seeds {seeds})")
+        files = [reuse] if isinstance(reuse, (str, os.PathLike)) else list(reuse)
+        merged: dict[str, dict[tuple, dict]] = {"shapes": {}, "listops": {}}
+        seed_set: list[int] = []
+        reused_memory: list = []
+        for f in files:
+            try:
+                earlier = json.loads(Path(f).read_text())
+                for kind in merged:
+                    for r in earlier[kind]:
+                        merged[kind][(r["stem"], r["seed"])] = r
+                seed_set += [s for s in earlier["seeds"] if s not in seed_set]
+                reused_memory = earlier.get("memory") or reused_memory
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"reuse: {str(f)!r} is not a readable point-results.json ({exc})") from None
+        shapes, listops, seeds = list(merged["shapes"].values()), list(merged["listops"].values()), seed_set
+        if not memory_sizes:
+            memory = reused_memory
+        say(f"reusing the shape and ListOps rows of {', '.join(map(str, files))} (seeds {seeds})")
         shape_configs = listops_configs = ()
     if shape_configs:
         say(f"shapes: {len(shape_configs)} configs x {len(seeds)} seeds")
@@ -502,8 +518,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--out", default="runs/point-results")
     p.add_argument("--write", default=None, metavar="DOC", help="markdown file whose point-results section to update")
-    p.add_argument("--reuse", default=None, metavar="JSON",
-                   help="take the shape and ListOps rows from an earlier point-results.json (re-measure memory only)")
+    p.add_argument("--reuse", nargs="+", default=None, metavar="JSON",
+                   help="take the shape and ListOps rows from earlier point-results.json files instead of training "
+                        "(merges runs made in parallel; with --memory-sizes and no sizes, their memory rows too)")
     a = p.parse_args(argv)
     if a.threads is not None:
         torch.set_num_threads(a.threads)
