@@ -231,11 +231,6 @@ def _values(rows: Sequence[Mapping[str, Any]], stem: str, key: str = "test") -> 
             if r["stem"] == stem and r.get(key) is not None]
 
 
-def _mean(rows: Sequence[Mapping[str, Any]], stem: str, key: str = "test") -> float | None:
-    vals = _values(rows, stem, key)
-    return statistics.fmean(vals) if vals else None
-
-
 def spread(a: Sequence[float], b: Sequence[float]) -> float:
     """The seeds' spread of a comparison of two configs: the sum of their sample standard deviations
     over seeds (0 for a single seed). A difference of means counts only beyond it (see
@@ -268,10 +263,6 @@ def _verdict(outcomes: Sequence[str]) -> str:
 _TWIN_NOTE = {"fails": ", too far", "within spread": ", the seeds cannot tell"}
 
 
-def _pm_short(vals: Sequence[float]) -> str:
-    return f"{statistics.fmean(vals):.1f}" + (f" ± {statistics.stdev(vals):.1f}" if len(vals) > 1 else "")
-
-
 def _growth(rows: Sequence[Mapping[str, Any]], variant: str) -> tuple[float | None, list[tuple[int, float]]]:
     """Mean ratio of peak memory per doubling of n (geometric, over the measured range), and the points."""
     pts = sorted((r["points"], r["peak_mb"]) for r in rows if r["variant"] == variant and "error" not in r)
@@ -300,11 +291,11 @@ def check_claims(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence
         # the rotation-invariant model sees no coordinates, only invariant features; its claim is (c)
         attn = [s for s in stems if s not in (MLP_STEM, ROTATION_PAIR[0])]
         res = {s: compare(_values(shape_rows, s), mlp) for s in attn}
-        detail = ", ".join(f"{short(s)} {_pm_short(_values(shape_rows, s))} (spread "
+        detail = ", ".join(f"{short(s)} {_pm(_values(shape_rows, s))} (spread "
                            f"{spread(_values(shape_rows, s), mlp):.1f})" for s in attn)
         losers = [s for s, o in res.items() if o in ("fails", "within spread")]
         out.append(f"{_verdict(list(res.values()))}: every attention model beats the MLP + pooling baseline on the "
-                   f"shapes beyond the seeds' spread (test OA %, mean ± std over seeds; MLP {_pm_short(mlp)}; "
+                   f"shapes beyond the seeds' spread (test OA %, mean ± std over seeds; MLP {_pm(mlp)}; "
                    f"{detail}; the rotation-invariant SFT is judged by its invariance claim below)"
                    + (f" -- not beaten beyond the spread by {', '.join(short(s) for s in losers)}" if losers else "")
                    + ".")
@@ -316,7 +307,7 @@ def check_claims(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence
         o = compare(a, b, TWIN_TOLERANCE)
         outcomes.append(o)
         d = statistics.fmean(a) - statistics.fmean(b)
-        twin_parts.append(f"{short(eff)} {_pm_short(a)} vs {short(twin)} {_pm_short(b)} ({d:+.1f}, spread "
+        twin_parts.append(f"{short(eff)} {_pm(a)} vs {short(twin)} {_pm(b)} ({d:+.1f}, spread "
                           f"{spread(a, b):.1f}{_TWIN_NOTE.get(o, '')})")
     if twin_parts:
         out.append(f"{_verdict(outcomes)}: the efficient models are within {TWIN_TOLERANCE:.0f} points of (or above) "
@@ -330,8 +321,8 @@ def check_claims(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence
         label = _verdict(["holds" if keep else "fails", drop] if min(len(a0), len(b0)) >= MIN_SEEDS
                          else ["undecided"])
         out.append(f"{label}: the rotation-invariant SFT keeps its accuracy on randomly rotated (SO(3)) test shapes, "
-                   f"{_pm_short(a0)} -> {_pm_short(a1)} % OA, while the non-invariant SFT drops, {_pm_short(b0)} -> "
-                   f"{_pm_short(b1)} % (thresholds: every seed's change <= {ROTATION_KEEP:.0f} point; a drop > "
+                   f"{_pm(a0)} -> {_pm(a1)} % OA, while the non-invariant SFT drops, {_pm(b0)} -> "
+                   f"{_pm(b1)} % (thresholds: every seed's change <= {ROTATION_KEEP:.0f} point; a drop > "
                    f"{ROTATION_DROP:.0f} points beyond the spread {spread(b0, b1):.1f}).")
     seq = list(dict.fromkeys(r["stem"] for r in listops_rows))
     base = _values(listops_rows, NO_ATTENTION_SEQ)
@@ -341,8 +332,8 @@ def check_claims(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence
             res = [compare(v, base) for v in samp.values()]
             out.append(f"{_verdict(res)}: on ListOps the sampling model(s) beat the no-attention baseline beyond the "
                        "seeds' spread (test accuracy %: "
-                       + ", ".join(f"{short(s)} {_pm_short(v)} (spread {spread(v, base):.1f})" for s, v in samp.items())
-                       + f" vs {short(NO_ATTENTION_SEQ)} {_pm_short(base)}).")
+                       + ", ".join(f"{short(s)} {_pm(v)} (spread {spread(v, base):.1f})" for s, v in samp.items())
+                       + f" vs {short(NO_ATTENTION_SEQ)} {_pm(base)}).")
     if memory_rows:
         sizes = sorted({r["points"] for r in memory_rows})
         top = sizes[-1]

@@ -148,12 +148,10 @@ def lr_factor(config: Any, steps_per_epoch: int) -> Callable[[int], float]:
     def shape(n: int) -> float:
         if schedule == "step":
             return gamma ** math.floor(clock(n) / step_size)
-        if schedule == "cosine":
+        if schedule in ("cosine", "linear"):
             progress = min(1.0, clock(n) / horizon) if horizon > 0 else 0.0
-            return floor + (1.0 - floor) * (1.0 + math.cos(math.pi * progress)) / 2.0
-        if schedule == "linear":
-            progress = min(1.0, clock(n) / horizon) if horizon > 0 else 0.0
-            return floor + (1.0 - floor) * (1.0 - progress)
+            shape = (1.0 + math.cos(math.pi * progress)) / 2.0 if schedule == "cosine" else 1.0 - progress
+            return floor + (1.0 - floor) * shape
         if schedule == "inverse_sqrt":
             return min(1.0, math.sqrt(max(w, 1.0) / (n + 1)))
         if schedule == "constant":
