@@ -88,7 +88,7 @@ SAME_TRAIN = [
     ["shape-classification-sft-cls", "shape-classification-full-cls"],
     ["shape-classification-samsa-cls", "shape-classification-samsa-cls-full"],
     ["shape-classification-sampled-cls", "shape-classification-sampled-cls-full", "shape-classification-sampled-hier-cls",
-     "shape-classification-mlp-cls"],
+     "shape-classification-mlp-cls", "shape-classification-point-mae-sampled"],
     ["part-segmentation-sft-partseg", "part-segmentation-full-partseg", "part-segmentation-mlp-partseg"],
     ["listops-samsa-seq", "listops-full-seq", "listops-mlp-seq"],
     ["pair-potential-flt-3d-reg", "pair-potential-full-3d-reg", "pair-potential-mlp-3d-reg"],

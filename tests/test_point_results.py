@@ -90,7 +90,8 @@ def test_tiny_end_to_end_run_writes_only_its_section(tmp_path):
         listops_configs=["configs/listops-mlp-seq.yaml"], seeds=[3], memory_sizes=(),
         shape_overrides=shape_set, listops_overrides=[f"data.cache_dir={tmp_path}", "data.preset=tiny",
                                                       "train.epochs=1"],
-        out_dir=tmp_path / "runs", doc=str(doc), command="python -m pointformers.bench.point_results --tiny", log=None)
+        out_dir=tmp_path / "runs", doc=str(doc), command="python -m pointformers.bench.point_results --tiny", log=None,
+        pretraining=False)
     assert [r["stem"] for r in out["shapes"]] == ["shape-classification-mlp-cls", "shape-classification-sft-ri-cls",
                                                   "shape-classification-sft-cls"]
     ri = out["shapes"][1]
@@ -142,3 +143,32 @@ def test_reuse_merges_runs_made_in_parallel(tmp_path):
     with pytest.raises(ValueError, match="b.json"):
         (tmp_path / "b.json").write_text("{")
         pr.run_point_results(memory_sizes=(), log=None, reuse=[tmp_path / "a.json", tmp_path / "b.json"])
+
+
+def test_pretraining_claim_holds_or_not_on_the_numbers():
+    ft, scratch = "x" + pr.PRETRAINED_SUFFIX, "x" + pr.SCRATCH_SUFFIX
+    pre = [_row("pre", 0.03, metric="chamfer", seed=i) for i in range(3)]
+    claims = pr.check_claims([], [], [], pre + _seeds(ft, 0.80) + _seeds(scratch, 0.75))
+    assert len(claims) == 1 and claims[0].startswith("HOLDS"), claims
+    assert "fine-tuned 80.0 ± 1.0 vs from scratch 75.0 ± 1.0, +5.0, spread 2.0" in claims[0]
+    claims = pr.check_claims([], [], [], pre + _seeds(ft, 0.76) + _seeds(scratch, 0.75))   # inside the spread
+    assert claims[0].startswith("DOES NOT HOLD"), claims
+    claims = pr.check_claims([], [], [], pre + _seeds(ft, 0.70) + _seeds(scratch, 0.75))
+    assert claims[0].startswith("DOES NOT HOLD"), claims
+
+
+def test_pretraining_comparison_fine_tunes_from_each_seeds_checkpoint(tmp_path):
+    tiny = [f"data.cache_dir={tmp_path}", "data.preset=tiny", "data.classes=[cone, cuboid, torus]",
+            "data.per_class=[2, 1, 2]", "data.num_points=40", "data.mini_batch=3", "train.epochs=1",
+            "model.options.num_groups=4", "model.options.group_size=8"]
+    rows = pr.pretraining_comparison([5], overrides=tiny, out_dir=tmp_path / "runs", log=None)
+    pre, scratch, ft = rows
+    assert pre["metric"] == "chamfer" and pre["test"]["chamfer"] > 0
+    assert scratch["stem"].endswith(pr.SCRATCH_SUFFIX) and ft["stem"].endswith(pr.PRETRAINED_SUFFIX)
+    assert {r["seed"] for r in rows} == {5}
+    # the fine-tuned run was built from the pre-training's best checkpoint, the scratch run from nothing
+    import torch
+    config = lambda r: torch.load(f"{r['run']}/best.pt", weights_only=True)["model_config"]  # noqa: E731
+    assert config(ft)["pretrained"] == f"{pre['run']}/best.pt" and config(scratch)["pretrained"] is None
+    md = pr.results_markdown([], [], [], [5], pretrain_rows=rows)
+    assert "Masked pre-training" in md and "Chamfer-L2" in md and "-pretrained" in md

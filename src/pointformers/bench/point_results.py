@@ -8,7 +8,11 @@ Three measurements, one markdown section (between ``<!-- point-results:begin -->
    scored on the test shapes, and again on the same test shapes randomly rotated (uniform on SO(3),
    seeded: ``task.rotate_test=so3``).
 2. **ListOps** (:data:`LISTOPS_CONFIGS`): the same for sequence classifiers.
-3. **Memory** -- one training step (forward, backward, Adam) of the Sampled Transformer's basic
+3. **Masked pre-training** (:data:`PRETRAIN_CONFIG`, :data:`FINETUNE_CONFIG`): per seed, the Sampled
+   Transformer's masked point pre-training (Point-MAE scheme) is run, and the classifier of the same
+   tokenizer and encoder is trained twice on the shapes: from scratch and fine-tuned from that
+   seed's pre-trained checkpoint (same recipe, same seed).
+4. **Memory** -- one training step (forward, backward, Adam) of the Sampled Transformer's basic
    classifier on one cloud of n points, with sampled attention and with full attention in the same
    layout (``sampled-cls`` with ``attention: full``), each in a fresh subprocess: peak resident
    memory growth and step time (:func:`pointformers.bench.harness.measure`). Full attention is run
@@ -29,7 +33,8 @@ accuracy on rotated shapes (every seed's change ≤ :data:`ROTATION_KEEP` points
 non-invariant SFT drops (by more than :data:`ROTATION_DROP` points beyond the spread); (d) on ListOps every sampling model (SAMSA) beats the
 no-attention baseline; (e) the Sampled Transformer trains at the largest size and full attention's
 materialised memory grows about quadratically (ratio of peaks per doubling of n ≥ 3) while the
-sampled model's grows about linearly (≤ 2.5).
+sampled model's grows about linearly (≤ 2.5); (f) masked pre-training improves the fine-tuned
+classifier over the same classifier trained from scratch.
 
 Usage::
 
@@ -52,8 +57,8 @@ import torch
 
 from .harness import machine, measure, recorded_command, run_isolated, write_section
 
-__all__ = ["SHAPE_CONFIGS", "LISTOPS_CONFIGS", "MEMORY_CONFIG", "TWINS", "train_config", "run_experiment",
-           "memory_comparison", "MIN_SEEDS", "spread", "compare", "check_claims", "results_markdown", "run_point_results", "main"]
+__all__ = ["SHAPE_CONFIGS", "LISTOPS_CONFIGS", "MEMORY_CONFIG", "PRETRAIN_CONFIG", "FINETUNE_CONFIG", "TWINS",
+           "train_config", "run_experiment", "pretraining_comparison", "memory_comparison", "MIN_SEEDS", "spread", "compare", "check_claims", "results_markdown", "run_point_results", "main"]
 
 _CFG = "configs"
 #: Shape-classification configs of the comparison (attention models, their twins, the MLP baseline).
@@ -62,6 +67,12 @@ SHAPE_CONFIGS = tuple(f"{_CFG}/shape-classification-{m}.yaml" for m in (
     "sft-ri-cls", "mlp-cls"))
 #: ListOps configs: the sampling model (SAMSA) and the no-attention baseline.
 LISTOPS_CONFIGS = (f"{_CFG}/listops-samsa-seq.yaml", f"{_CFG}/listops-mlp-seq.yaml")
+#: Masked pre-training (a ``point-mae-pretrain`` config) and the classifier config it fine-tunes
+#: (``model.options.pretrained`` set to each seed's pre-training checkpoint; from scratch without it).
+PRETRAIN_CONFIG = f"{_CFG}/pretrain-point-mae-sampled.yaml"
+FINETUNE_CONFIG = f"{_CFG}/shape-classification-point-mae-sampled.yaml"
+#: Row stems of the two classifiers of the pre-training comparison.
+SCRATCH_SUFFIX, PRETRAINED_SUFFIX = "-scratch", "-pretrained"
 #: The model of the memory comparison (its options; ``attention`` is switched).
 MEMORY_CONFIG = f"{_CFG}/shape-classification-sampled-cls.yaml"
 #: Efficient config stem -> its full-attention twin's stem.
@@ -91,13 +102,14 @@ def _stem(path: str) -> str:
 
 def train_config(path: str, seed: int, overrides: Sequence[str] = (), out_dir: str | os.PathLike = "runs/point-results",
                  rotated_test: bool = False, data_cache: dict | None = None,
-                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 log: Callable[[str], None] | None = None, stem: str | None = None) -> dict[str, Any]:
     """Train the config at ``path`` with ``train.seed = seed`` and score its best-validation model.
 
-    Returns ``{"config", "model", "seed", "params", "metric", "test": {...}, "test_rotated": {...} | None,
-    "train_s", "best_epoch", "epochs"}``. ``rotated_test``: also evaluate on the test split with
-    ``task.rotate_test=so3`` (shape tasks). ``data_cache``: shared dict so configs with the same
-    ``data``/``task`` sections load their samples once.
+    Returns ``{"config", "stem", "model", "seed", "params", "metric", "test": {...}, "test_rotated": {...} | None,
+    "train_s", "best_epoch", "epochs", "run"}`` (``run``: the run folder, ``out_dir/<stem>-seed<seed>``).
+    ``rotated_test``: also evaluate on the test split with ``task.rotate_test=so3`` (shape tasks).
+    ``data_cache``: shared dict so configs with the same ``data``/``task`` sections load their samples
+    once. ``stem``: the row's name (default: the config file's stem), for one config run two ways.
     """
     from .. import models
     from ..engine import TrainConfig, fit
@@ -116,7 +128,8 @@ def train_config(path: str, seed: int, overrides: Sequence[str] = (), out_dir: s
     torch.manual_seed(cfg["train"]["seed"])
     model = models.build(cfg["model"]["name"], **cfg["model"]["options"])
     task = spec.build(cfg)
-    run_dir = Path(out_dir) / f"{_stem(path)}-seed{seed}"
+    stem = stem or _stem(path)
+    run_dir = Path(out_dir) / f"{stem}-seed{seed}"
     t0 = time.perf_counter()
     res = fit(model, task, samples["train"], samples["val"], TrainConfig(**{**cfg["train"], "device": "cpu"}), run_dir,
               cfg["model"]["name"], cfg["model"]["options"], log=None)
@@ -126,15 +139,15 @@ def train_config(path: str, seed: int, overrides: Sequence[str] = (), out_dir: s
     if rotated_test:
         rcfg = load_config(path, [*overrides, f"train.seed={int(seed)}", "task.rotate_test=so3"])
         rotated = spec.build(rcfg).evaluate(model, spec.load(rcfg, ("test",), False)["test"])
-    row = {"config": str(path), "stem": _stem(path), "model": cfg["model"]["name"], "seed": int(seed),
+    row = {"config": str(path), "stem": stem, "model": cfg["model"]["name"], "seed": int(seed),
            "params": sum(p.numel() for p in model.parameters()), "metric": spec.metric,
            "test": {k: float(v) for k, v in test.items()},
            "test_rotated": None if rotated is None else {k: float(v) for k, v in rotated.items()},
-           "train_s": train_s, "best_epoch": res.best_epoch, "epochs": cfg["train"]["epochs"]}
+           "train_s": train_s, "best_epoch": res.best_epoch, "epochs": cfg["train"]["epochs"], "run": str(run_dir)}
     if log:
         extra = f", rotated {100 * rotated[spec.metric]:.1f}" if rotated else ""
-        log(f"  {_stem(path)} seed {seed}: test {spec.metric} {100 * test[spec.metric]:.1f}{extra} "
-            f"({train_s:.0f} s)")
+        shown = f"{100 * test[spec.metric]:.1f}" if spec.mode == "max" else f"{test[spec.metric]:.4g}"
+        log(f"  {stem} seed {seed}: test {spec.metric} {shown}{extra} ({train_s:.0f} s)")
     return row
 
 
@@ -146,6 +159,32 @@ def run_experiment(configs: Sequence[str], seeds: Sequence[int], overrides: Sequ
         raise ValueError("configs/seeds: need at least one config and one seed")
     cache: dict = {}
     return [train_config(p, s, overrides, out_dir, rotated_test, cache, log) for p in configs for s in seeds]
+
+
+def pretraining_comparison(seeds: Sequence[int], pretrain_config: str = PRETRAIN_CONFIG,
+                           finetune_config: str = FINETUNE_CONFIG, overrides: Sequence[str] = (),
+                           out_dir: str | os.PathLike = "runs/point-results",
+                           log: Callable[[str], None] | None = print) -> list[dict[str, Any]]:
+    """Per seed: masked pre-training (``pretrain_config``, ``train.seed`` = seed), then the classifier
+    ``finetune_config`` trained from scratch (row stem ``<stem>-scratch``) and fine-tuned from that
+    run's best checkpoint (``<stem>-pretrained``), both with the same seed. ``overrides`` apply to all
+    three (data and train keys: both configs read the shape data). Returns the rows, per seed the
+    pre-training's first (its ``test`` holds the masked-group Chamfer-L2)."""
+    from ..tasks import point_mae  # noqa: F401  (registers the point-mae-pretrain task)
+
+    if not seeds:
+        raise ValueError("seeds: need at least one seed")
+    stem = _stem(finetune_config)
+    rows, cache = [], {}
+    for seed in seeds:
+        pre = train_config(pretrain_config, seed, overrides, out_dir, data_cache=cache, log=log)
+        ckpt = Path(pre["run"]) / "best.pt"
+        rows.append(pre)
+        rows.append(train_config(finetune_config, seed, overrides, out_dir, data_cache=cache, log=log,
+                                 stem=stem + SCRATCH_SUFFIX))
+        rows.append(train_config(finetune_config, seed, [*overrides, f"model.options.pretrained={ckpt}"], out_dir,
+                                 data_cache=cache, log=log, stem=stem + PRETRAINED_SUFFIX))
+    return rows
 
 
 # ------------------------------------------------------------------------------------------ memory
@@ -273,7 +312,8 @@ def _growth(rows: Sequence[Mapping[str, Any]], variant: str) -> tuple[float | No
 
 
 def check_claims(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence[Mapping[str, Any]],
-                 memory_rows: Sequence[Mapping[str, Any]]) -> list[str]:
+                 memory_rows: Sequence[Mapping[str, Any]],
+                 pretrain_rows: Sequence[Mapping[str, Any]] = ()) -> list[str]:
     """One plain sentence per acceptance claim, saying whether it holds on these numbers, with them.
 
     The rule (:func:`compare`): a claim that one config scores above another (or within a tolerance
@@ -350,6 +390,15 @@ def check_claims(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence
                    + (f". PyTorch's fused CPU kernel avoids the n x n matrix: full attention's memory then grows "
                       f"x{gf:.2f} per doubling ({fmt(pf)}), its time still quadratically" if gf is not None else "")
                    + ".")
+    stems = list(dict.fromkeys(r["stem"] for r in pretrain_rows))
+    for ft in (s for s in stems if s.endswith(PRETRAINED_SUFFIX)):
+        scratch = ft[:-len(PRETRAINED_SUFFIX)] + SCRATCH_SUFFIX
+        a, b = _values(pretrain_rows, ft), _values(pretrain_rows, scratch)
+        if a and b:
+            d = statistics.fmean(a) - statistics.fmean(b)
+            out.append(f"{_verdict([compare(a, b)])}: masked pre-training improves the fine-tuned classifier over the "
+                       f"same classifier trained from scratch beyond the seeds' spread (`{short(ft)}`, test OA %: "
+                       f"fine-tuned {_pm(a)} vs from scratch {_pm(b)}, {d:+.1f}, spread {spread(a, b):.1f}).")
     return out
 
 
@@ -396,7 +445,7 @@ def _memory_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def results_markdown(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence[Mapping[str, Any]],
                      memory_rows: Sequence[Mapping[str, Any]], seeds: Sequence[int], overrides: Sequence[str] = (),
-                     seconds: float | None = None) -> str:
+                     seconds: float | None = None, pretrain_rows: Sequence[Mapping[str, Any]] = ()) -> str:
     """The section text: machine, seeds, tables, the claims."""
     parts = [f"Machine: {machine()}; CPU, one process. Seeds: {', '.join(str(s) for s in seeds)} (each model trained "
              "once per seed with its config's `train` section; data seed 0)."
@@ -410,11 +459,25 @@ def results_markdown(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequ
     if listops_rows:
         parts.append("**ListOps** (preset small; test split):\n\n" + _table(listops_rows, [("accuracy", "accuracy %")],
                                                                             rotated=False))
+    classifiers = [r for r in pretrain_rows if r["metric"] != "chamfer"]
+    if classifiers:
+        pre = [r for r in pretrain_rows if r["metric"] == "chamfer"]
+        chamfer = ""
+        if pre:
+            vals = [r["test"]["chamfer"] for r in pre]
+            sd = f" ± {statistics.stdev(vals):.4f}" if len(vals) > 1 else ""
+            chamfer = (f" Pre-training (`{pre[0]['stem']}`, {pre[0]['epochs']} epochs, "
+                       f"{statistics.fmean(r['train_s'] for r in pre):.0f} s): test masked-group Chamfer-L2 "
+                       f"{statistics.fmean(vals):.4f}{sd}.")
+        parts.append("**Masked pre-training** (Sampled Transformer, MAE-sampled): the same classifier trained from "
+                     "scratch (`-scratch`) and fine-tuned from each seed's pre-trained checkpoint (`-pretrained`), "
+                     "same recipe and seed; see the configs' headers." + chamfer + "\n\n"
+                     + _table(classifiers, [("oa", "OA %"), ("macc", "mAcc %")], rotated=False))
     if memory_rows:
         parts.append("**Memory**: one training step (forward, backward, Adam) of the Sampled Transformer basic "
                      f"classifier (`{MEMORY_CONFIG}` options) on one cloud of n points; peak resident-memory growth "
                      "of the step and its time, each cell a fresh process:\n\n" + _memory_table(memory_rows))
-    claims = check_claims(shape_rows, listops_rows, memory_rows)
+    claims = check_claims(shape_rows, listops_rows, memory_rows, pretrain_rows)
     if claims:
         parts.append("**Claims** (checked on the numbers above):\n\n" + "\n".join(f"- {c}" for c in claims))
     return "\n\n".join(parts)
@@ -426,61 +489,70 @@ def run_point_results(shape_configs: Sequence[str] = SHAPE_CONFIGS, listops_conf
                       memory_config: str = MEMORY_CONFIG, out_dir: str | os.PathLike = "runs/point-results",
                       doc: str | None = None, command: str | None = None,
                       log: Callable[[str], None] | None = print,
-                      reuse: str | os.PathLike | Sequence[str | os.PathLike] | None = None
-                      ) -> dict[str, Any]:
-    """Run the three measurements, check the claims, optionally write the ``point-results`` section of ``doc``.
+                      reuse: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+                      pretraining: bool = True, pretrain_config: str = PRETRAIN_CONFIG,
+                      finetune_config: str = FINETUNE_CONFIG) -> dict[str, Any]:
+    """Run the four measurements, check the claims, optionally write the ``point-results`` section of ``doc``.
 
-    ``reuse``: one or more ``point-results.json`` of earlier runs whose shape and ListOps rows (and
-    seeds) are taken as they are instead of training again: to re-measure memory only, or to merge
-    runs of different configs or seeds made in parallel processes (a later file's row replaces an
-    earlier one of the same config and seed). With ``memory_sizes`` empty, the memory rows of the
-    last file that has some are taken too.
-    Returns ``{"shapes", "listops", "memory", "claims", "markdown"}`` (and writes
+    ``pretraining``: run the masked pre-training comparison (:func:`pretraining_comparison` of
+    ``pretrain_config`` and ``finetune_config``, with ``shape_overrides``).
+    ``reuse``: one or more ``point-results.json`` of earlier runs whose shape, ListOps and
+    pre-training rows (and seeds) are taken as they are instead of training again: to re-measure
+    memory only, or to merge runs of different configs or seeds made in parallel processes (a later
+    file's row replaces an earlier one of the same config and seed). With ``memory_sizes`` empty, the
+    memory rows of the last file that has some are taken too.
+    Returns ``{"shapes", "listops", "pretraining", "memory", "claims", "markdown"}`` (and writes
     ``out_dir/point-results.json``).
     """
     from ..engine import write_json
 
     say = log or (lambda s: None)
     t0 = time.perf_counter()
-    shapes = listops = memory = []
+    shapes = listops = memory = pretrain = []
     if reuse is not None:
         files = [reuse] if isinstance(reuse, (str, os.PathLike)) else list(reuse)
-        merged: dict[str, dict[tuple, dict]] = {"shapes": {}, "listops": {}}
+        merged: dict[str, dict[tuple, dict]] = {"shapes": {}, "listops": {}, "pretraining": {}}
         seed_set: list[int] = []
         reused_memory: list = []
         for f in files:
             try:
                 earlier = json.loads(Path(f).read_text())
                 for kind in merged:
-                    for r in earlier[kind]:
+                    for r in earlier.get(kind, []) if kind == "pretraining" else earlier[kind]:
                         merged[kind][(r["stem"], r["seed"])] = r
                 seed_set += [s for s in earlier["seeds"] if s not in seed_set]
                 reused_memory = earlier.get("memory") or reused_memory
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"reuse: {str(f)!r} is not a readable point-results.json ({exc})") from None
         shapes, listops, seeds = list(merged["shapes"].values()), list(merged["listops"].values()), seed_set
+        pretrain = list(merged["pretraining"].values())
         if not memory_sizes:
             memory = reused_memory
-        say(f"reusing the shape and ListOps rows of {', '.join(map(str, files))} (seeds {seeds})")
+        say(f"reusing the shape, ListOps and pre-training rows of {', '.join(map(str, files))} (seeds {seeds})")
         shape_configs = listops_configs = ()
+        pretraining = False
     if shape_configs:
         say(f"shapes: {len(shape_configs)} configs x {len(seeds)} seeds")
         shapes = run_experiment(shape_configs, seeds, shape_overrides, out_dir, rotated_test=True, log=say)
     if listops_configs:
         say(f"listops: {len(listops_configs)} configs x {len(seeds)} seeds")
         listops = run_experiment(listops_configs, seeds, listops_overrides, out_dir, log=say)
+    if pretraining:
+        say(f"masked pre-training: {len(seeds)} seeds")
+        pretrain = pretraining_comparison(seeds, pretrain_config, finetune_config, shape_overrides, out_dir, say)
     if memory_sizes:
         say(f"memory: sizes {list(memory_sizes)}")
         memory = memory_comparison(memory_sizes, memory_config, log=say)
     seconds = time.perf_counter() - t0
     overrides = [*shape_overrides, *listops_overrides]
-    md = results_markdown(shapes, listops, memory, seeds, overrides, seconds)
-    claims = check_claims(shapes, listops, memory)
+    md = results_markdown(shapes, listops, memory, seeds, overrides, seconds, pretrain)
+    claims = check_claims(shapes, listops, memory, pretrain)
     for c in claims:
         say(c)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_json(Path(out_dir) / "point-results.json", {"machine": machine(), "seeds": list(seeds), "shapes": shapes,
-                                                     "listops": listops, "memory": memory, "claims": claims})
+                                                     "listops": listops, "pretraining": pretrain, "memory": memory,
+                                                     "claims": claims})
     if doc is not None:
         cmd = command or recorded_command("pointformers.bench.point_results", sys.argv[1:])
         if not os.path.exists(doc):
@@ -488,7 +560,8 @@ def run_point_results(shape_configs: Sequence[str] = SHAPE_CONFIGS, listops_conf
             Path(doc).write_text("# Results\n")
         write_section(doc, "point-results", md, cmd)
         say(f"wrote section point-results of {doc}")
-    return {"shapes": shapes, "listops": listops, "memory": memory, "claims": claims, "markdown": md}
+    return {"shapes": shapes, "listops": listops, "pretraining": pretrain, "memory": memory, "claims": claims,
+            "markdown": md}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -502,6 +575,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--listops-configs", nargs="*", default=list(LISTOPS_CONFIGS))
     p.add_argument("--memory-sizes", type=int, nargs="*", default=[1024, 2048, 4096, 8192])
     p.add_argument("--memory-config", default=MEMORY_CONFIG)
+    p.add_argument("--pretraining", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the masked pre-training comparison (--no-pretraining: skip it)")
+    p.add_argument("--pretrain-config", default=PRETRAIN_CONFIG)
+    p.add_argument("--finetune-config", default=FINETUNE_CONFIG)
     p.add_argument("--shape-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a key of every shape config")
     p.add_argument("--listops-set", action="append", default=[], metavar="KEY=VALUE",
@@ -516,7 +593,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.threads is not None:
         torch.set_num_threads(a.threads)
     run_point_results(a.shape_configs, a.listops_configs, a.seeds, a.memory_sizes, a.shape_set, a.listops_set,
-                      a.memory_config, a.out, a.write, reuse=a.reuse)
+                      a.memory_config, a.out, a.write, reuse=a.reuse, pretraining=a.pretraining,
+                      pretrain_config=a.pretrain_config, finetune_config=a.finetune_config)
     return 0
 
 
