@@ -212,7 +212,8 @@ def _random_rotation(g):
 
 
 @pytest.mark.parametrize("options", [{}, {"rel_features": "ppf"}, {"rpe_hidden": 8},
-                                     {"rel_features": "ppf", "rpe_hidden": 8}])
+                                     {"rel_features": "ppf", "rpe_hidden": 8}, {"tokens": "radial"},
+                                     {"tokens": "radial", "normal_dims": 0}])
 def test_rotation_invariant_model_is_invariant(options):
     g = torch.Generator().manual_seed(6)
     torch.manual_seed(6)
@@ -231,6 +232,23 @@ def test_rotation_invariant_model_is_invariant(options):
         y_rot = enc(None, pos_rot, mask)
         torch.testing.assert_close(y_rot, y, atol=1e-9, rtol=0)
     assert float(y[0].std(0).sum()) > 1e-3   # tokens are not all alike (rank injection at work)
+
+
+def test_radial_tokens_are_the_points_invariants_about_their_centroid():
+    g = torch.Generator().manual_seed(4)
+    enc = SFTEncoder(8, depth=1, heads=2, k=4, rotation_invariant=True, tokens="radial").double()
+    xyz = torch.randn(1, 6, 3, generator=g, dtype=torch.float64)
+    nrm = F.normalize(torch.randn(1, 6, 3, generator=g, dtype=torch.float64), dim=-1)
+    mask = torch.tensor([[True] * 4 + [False] * 2])
+    got = enc._radial(torch.cat([xyz, nrm], -1), mask)
+    c = xyz[0, :4].mean(0)                                   # the real points' centroid only
+    d = xyz[0, 2] - c
+    feats = torch.stack([d.norm(), nrm[0, 2] @ d / d.norm()])
+    torch.testing.assert_close(got[0, 2], enc.token_embed(feats))
+    assert float(got[0, 4:].abs().max()) == 0.0              # padded rows stay zero
+    for bad in ({"tokens": "mean"}, {"tokens": "radial", "rotation_invariant": False}):
+        with pytest.raises(ValueError, match="tokens"):
+            SFTEncoder(8, depth=1, heads=2, k=4, **{"rotation_invariant": True, **bad})
 
 
 def test_point_pair_features_and_rpe_mlp():

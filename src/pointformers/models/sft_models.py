@@ -90,6 +90,10 @@ class SFTEncoder(nn.Module):
         dim: width D; depth: number of blocks; heads, k: as :class:`~pointformers.attention.sft.SFTAttention`
             (``k`` reaches a mechanism whose constructor takes it).
         rotation_invariant: the variant above (needs a mechanism that takes relative features, ``rpe``).
+        tokens: the rotation-invariant variant's input tokens: ``"ones"`` (the paper's all-ones vectors)
+            or ``"radial"`` (a remedy for their slow start, not the paper's: a linear embedding of each
+            point's invariants about its cloud's centroid c, ‖x_i − c‖ and, with normals,
+            n_i·(x_i − c)/‖x_i − c‖; still exactly invariant to rotations and translations).
         norm_position: ``"pre"``/``"post"``; default post for the rotation-invariant variant (Table 9,
             exp. 1.3) and pre otherwise.
         attention: the registry key of the layers' mixer (default ``"sft"``).
@@ -101,8 +105,12 @@ class SFTEncoder(nn.Module):
     """
 
     def __init__(self, dim: int, depth: int, heads: int = 8, k: int = 256, rotation_invariant: bool = False,
-                 norm_position: str | None = None, attention: str = "sft", **block_options):
+                 norm_position: str | None = None, attention: str = "sft", tokens: str = "ones", **block_options):
         super().__init__()
+        if tokens not in ("ones", "radial"):
+            raise ValueError(f"tokens: expected 'ones' (the paper's) or 'radial', got {tokens!r}")
+        if tokens != "ones" and not rotation_invariant:
+            raise ValueError("tokens='radial' is an input of the rotation-invariant variant (rotation_invariant=True)")
         mechanism = attention_entry(attention)
         if rotation_invariant:
             if not mechanism.accepts("rpe"):
@@ -114,7 +122,9 @@ class SFTEncoder(nn.Module):
         if mechanism.accepts("k"):
             block_options.setdefault("k", k)
         norm_position = norm_position or ("post" if rotation_invariant else "pre")
-        self.dim, self.rotation_invariant = dim, rotation_invariant
+        self.dim, self.rotation_invariant, self.tokens = dim, rotation_invariant, tokens
+        self.normal_dims = block_options.get("normal_dims", 0)
+        self.token_embed = nn.Linear(1 + (self.normal_dims > 0), dim) if tokens == "radial" else None
         self.blocks = nn.ModuleList(sft_layer(dim, attention, heads=heads, norm_position=norm_position,
                                               **block_options) for _ in range(depth))
 
@@ -123,13 +133,26 @@ class SFTEncoder(nn.Module):
         if self.rotation_invariant:
             if not isinstance(pos, torch.Tensor) or pos.dim() != 3:
                 raise ValueError("sft: the rotation-invariant encoder needs pos (B, N, P) = [xyz, normals]")
-            x = pos.new_ones(*pos.shape[:2], self.dim)
+            x = pos.new_ones(*pos.shape[:2], self.dim) if self.token_embed is None else self._radial(pos, mask)
         elif x is None:
             raise ValueError("sft: x (B, N, D) is required unless rotation_invariant=True")
         context = ForwardContext(pos, mask, edge_attr=edge_attr)
         for blk in self.blocks:
             x = blk(x, pos, mask, context=context)
         return x
+
+    def _radial(self, pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """``tokens="radial"``: Linear([‖x_i − c‖, n_i·(x_i − c)/‖x_i − c‖]) with c the masked centroid.
+        pos (B, N, 3 + normal_dims), mask (B, N) | None -> (B, N, D)."""
+        xyz = pos[..., :3]
+        w = torch.ones_like(xyz[..., :1]) if mask is None else mask.unsqueeze(-1).to(xyz.dtype)
+        c = (xyz * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1.0)
+        d = xyz - c
+        r = d.norm(dim=-1, keepdim=True)
+        feats = [r]
+        if self.normal_dims:
+            feats.append((pos[..., 3:6] * d).sum(-1, keepdim=True) / r.clamp_min(1e-12))
+        return self.token_embed(torch.cat(feats, -1)) * w
 
 
 class SFTPointEncoder(nn.Module):
@@ -142,6 +165,7 @@ class SFTPointEncoder(nn.Module):
         k: sampled tokens per layer (paper 256).
         rotation_invariant: all-ones tokens, relative features only (needs a mechanism that takes
             relative features, an ``rpe`` option: ``attention="sft"``).
+        tokens: the rotation-invariant tokens, ``"ones"`` (paper) or ``"radial"`` (see :class:`SFTEncoder`).
         relative: feed the point relative features to a mechanism that takes them (``rpe="points"``;
             paper: yes).
         norm_position: ``"pre"``/``"post"`` (default: post when rotation-invariant, else pre).
@@ -157,8 +181,10 @@ class SFTPointEncoder(nn.Module):
                  k: int = 16, rotation_invariant: bool = False, relative: bool = True,
                  norm_position: str | None = None, drop_token: float = 0.0, qk_dropout: float = 0.0,
                  dropout: float = 0.0, ffn_dropout: float = 0.0, attention: str = "sft",
-                 attention_options: dict | None = None):
+                 attention_options: dict | None = None, tokens: str = "ones"):
         super().__init__()
+        if tokens != "ones" and not rotation_invariant:
+            raise ValueError(f"tokens={tokens!r} is an input of the rotation-invariant variant (rotation_invariant=True)")
         if not isinstance(in_dim, int) or in_dim < 0:
             raise ValueError(f"in_dim must be an int >= 0, got {in_dim!r}")
         if normals and in_dim != 3:
@@ -179,7 +205,7 @@ class SFTPointEncoder(nn.Module):
         if takes_relative:
             if relative:
                 opts.update(rpe="points", normal_dims=3 if normals else 0)
-            self.encoder = SFTEncoder(dim, depth, heads=heads, rotation_invariant=rotation_invariant,
+            self.encoder = SFTEncoder(dim, depth, heads=heads, rotation_invariant=rotation_invariant, tokens=tokens,
                                       norm_position=self.norm_position, attention=attention, dropout=dropout,
                                       ffn_dropout=ffn_dropout, **opts)
             self.blocks = None
