@@ -56,22 +56,36 @@ def test_config_builds_runs_and_matches_hept(path, hept):
 
 
 def test_ordering_checks_and_table():
-    def row(model, ap):
+    def row(model, ap, seed=0):
         return {"model": model, "config": f"configs/{model}.yaml", "metric": "ap@k", "ap@k": ap, "params": 1,
-                "trackml_score": ap / 2, "dbscan_eps": 0.1, "infer_ms": 1.0, "peak_mb": 1.0, "hits_per_event": 10.0,
-                "train_s": 1.0, "epochs": 1}
-    rows = [row("HEPT", 0.8), row("performer", 0.6), row("flt", 0.7), row("DGCNN (EdgeConv)", 0.9),
-            row("OR & AND LSH*", 0.75), row("OR-only LSH*", 0.65), row("OR & AND LSH", 0.5), row("OR-only LSH", 0.55)]
-    t1, t3 = check_orderings(rows)
-    assert t1.endswith("holds.") and "flt 0.7000" in t1 and "OR-only LSH* 0.6500" in t1 and "DGCNN" not in t1
-    assert t3.endswith("holds.")
-    rows[1]["ap@k"] = 0.85  # performer above HEPT
-    rows[5]["ap@k"] = 0.52  # OR-only LSH* below OR-only LSH
-    t1, t3 = check_orderings(rows)
-    assert t1.endswith("does NOT hold for performer.") and "does NOT hold" in t3
-    assert "skipped" in check_orderings(rows[:1])[0]
-    table = comparison_table(rows)
-    assert table.count("\n") == len(rows) + 1 and "| HEPT | `HEPT.yaml` |" in table and "TrackML score" in table
+                "seed": seed, "trackml_score": ap / 2, "dbscan_eps": 0.1, "infer_ms": 1.0, "peak_mb": 1.0,
+                "hits_per_event": 10.0, "train_s": 1.0, "epochs": 1}
+
+    aps = {"HEPT": 0.8, "performer": 0.6, "flt": 0.7, "DGCNN (EdgeConv)": 0.9, "OR & AND LSH*": 0.75,
+           "OR-only LSH*": 0.65, "OR & AND LSH": 0.5, "OR-only LSH": 0.55}
+
+    def seeded(aps, jitter=(0.0, 0.01, -0.01)):   # three seeds, std 0.01 each
+        return [row(m, ap + j, seed) for m, ap in aps.items() for seed, j in enumerate(jitter)]
+
+    t1, t3 = check_orderings(seeded(aps))
+    assert t1.startswith("Table 1") and t1.endswith("HOLDS.") and "beyond the seeds' spread" in t1
+    assert "flt 0.7000 ± 0.0100" in t1 and "OR-only LSH* 0.6500 ± 0.0100" in t1 and "DGCNN" not in t1
+    assert t3.endswith("HOLDS.")
+    # performer above HEPT; OR-only LSH* below OR-only LSH
+    t1, t3 = check_orderings(seeded({**aps, "performer": 0.85, "OR-only LSH*": 0.52}))
+    assert t1.endswith("DOES NOT HOLD for performer.") and t3.endswith("DOES NOT HOLD.")
+    # HEPT 0.015 above flt, inside the spread (0.02): not decided in HEPT's favour
+    t1, _ = check_orderings(seeded({**aps, "flt": 0.785}))
+    assert t1.endswith("DOES NOT HOLD for flt.")
+    # one seed: undecided, with what the means show
+    t1, t3 = check_orderings([row(m, ap) for m, ap in aps.items()])
+    assert t1.startswith("Table 1") and "UNDECIDED (fewer than 3 seeds; on the means it holds)" in t1
+    assert "skipped" in check_orderings([row("HEPT", 0.8)])[0]
+    table = comparison_table(seeded(aps))
+    assert table.count("\n") == len(aps) + 1 and "| HEPT | `HEPT.yaml` |" in table and "TrackML score" in table
+    assert "| 0.8000 ± 0.0100 | 0.4000 ± 0.0050 |" in table and table.splitlines()[2].endswith("| 0, 1, 2 |")
+    single = comparison_table([row(m, ap) for m, ap in aps.items()])
+    assert "Seeds" not in single and "| 0.8000 | 0.4000 |" in single
 
 
 def test_speed_comparison_small(tmp_path):
@@ -116,3 +130,20 @@ def test_comparison_split_over_processes_resumes_into_one_table(tmp_path):
         compare_configs(configs[:1], out_dir=tmp_path / "runs", **common)
     again = compare_configs(configs[:1], out_dir=tmp_path / "runs", overwrite=True, **common)
     assert again[0]["ap@k"] == first[0]["ap@k"]  # trained again from scratch: the same seeded run
+
+
+def test_comparison_on_several_seeds_runs_each_seed_as_its_own_run(tmp_path):
+    from pointformers.bench.hep_comparison import compare_configs
+
+    common = dict(preset="tiny", epochs=1, repeats=1, max_timing_events=1, log=None)
+    sets = [f"data.cache_dir={tmp_path / 'cache'}", "model.options.n_layers=1"]
+    rows = compare_configs(["configs/tracking-hept-small.yaml"], out_dir=tmp_path / "runs", overrides=sets,
+                           seeds=[3, 4], **common)
+    assert [r["seed"] for r in rows] == [3, 4]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir() if p.is_dir()) == \
+        ["tracking-hept-small-tiny-seed3", "tracking-hept-small-tiny-seed4"]
+    alone = compare_configs(["configs/tracking-hept-small.yaml"], out_dir=tmp_path / "alone",
+                            overrides=[*sets, "train.seed=4"], **common)
+    assert alone[0]["seed"] == 4 and alone[0]["ap@k"] == rows[1]["ap@k"]   # the seed is the run's train.seed
+    with pytest.raises(ValueError, match="seeds"):
+        compare_configs(["configs/tracking-hept-small.yaml"], seeds=[1, 1], **common)

@@ -10,9 +10,11 @@ and the exact command that produced it:
   metric for other tasks (e.g. pile-up AP) --, the parameter count, the median inference time per
   event (test clouds, batch 1, eval mode, ``no_grad``; GNN graphs are built inside the forward
   pass, so their construction is included, as the paper counts it at inference) and the peak
-  memory of one event's inference. It also checks HEPT's Table 1 ordering (HEPT's AP@k above
+  memory of one event's inference. With ``seeds``, every config is trained once per seed and the
+  table shows mean ± std over seeds. It also checks HEPT's Table 1 ordering (HEPT's AP@k above
   every other efficient transformer) and Table 3 ordering (HEPT > OR & AND tied > OR-only tied >
-  the untied variants) on the numbers it measured and prints whether each holds.
+  the untied variants) on the numbers it measured, by the seeds' rule of :mod:`.seed_rule` (on at
+  least three seeds a comparison holds only beyond the seeds' spread; fewer: undecided).
 * :func:`speed_comparison` -- one generated event of ``n_hits`` hits (60k by default, HEPT's
   Tracking-60k size) through HEPT and the kNN-graph GNNs in one process, repetitions interleaved
   round-robin so machine drift hits all models alike; reports median ms, peak memory and each
@@ -25,7 +27,7 @@ CPU number is approximate (allocator and thread-pool behaviour), the CUDA one ex
 
 Usage::
 
-    python -m pointformers.bench.hep_comparison compare --preset small --epochs 24 \\
+    python -m pointformers.bench.hep_comparison compare --preset small --epochs 24 --seeds 42 43 44 \\
         --configs configs/tracking-hept-small.yaml configs/tracking-performer-small.yaml ... \\
         --write docs/results.md
     python -m pointformers.bench.hep_comparison speed --hits 60000 --write docs/results.md
@@ -45,6 +47,7 @@ import numpy as np
 import torch
 
 from .harness import machine, peak_bytes, recorded_command, reset_peak_rss, rss_bytes, write_section
+from .seed_rule import MIN_SEEDS, compare, mean_std
 
 __all__ = ["compare_configs", "speed_comparison", "comparison_table", "speed_table", "check_orderings",
            "DEFAULT_SPEED_CONFIGS", "main"]
@@ -210,7 +213,7 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
                     max_timing_events: int = 10, overrides: Sequence[str] = (), doc: str | None = None,
                     command: str | None = None, progress: bool = False,
                     log: Callable[[str], None] | None = print, resume: bool = False,
-                    overwrite: bool = False) -> list[dict[str, Any]]:
+                    overwrite: bool = False, seeds: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """Train, evaluate and time every config on ``preset``; optionally write the table to ``doc``.
 
     Args:
@@ -231,8 +234,10 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
             epochs' own times (training and validation), not this call's wall time.
         overwrite: replace the runs already in ``out_dir`` (their checkpoints and metrics) instead.
             Neither: a run folder that holds a run is refused (``RunFolderError``).
+        seeds: train every config once per seed (``train.seed``; run folders
+            ``<config stem>-<preset>-seed<seed>``); None: once, with the config's own seed.
     Returns:
-        One dict per config: ``config, model, params, metric`` and the test metrics (``ap@k``,
+        One dict per config and seed: ``config, model, seed, params, metric`` and the test metrics (``ap@k``,
         ``trackml_score``, ``dbscan_eps``... for tracking), ``infer_ms``, ``peak_mb``,
         ``hits_per_event``, ``train_s``, ``epochs``, ``best_epoch``.
     """
@@ -242,6 +247,9 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
 
     if not configs:
         raise ValueError("configs: need at least one config path")
+    if seeds is not None and (not seeds or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in seeds)
+                              or len(set(seeds)) != len(seeds)):
+        raise ValueError(f"seeds: expected distinct non-negative integers, got {seeds!r}")
     if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
         raise ValueError(f"epochs: must be an integer >= 1, got {epochs!r}")
     for p in configs:
@@ -252,12 +260,14 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
     extra = list(overrides) + ([f"data.preset={preset}"] if preset is not None else []) \
         + ([f"train.epochs={epochs}"] if epochs is not None else [])
     cfgs = [_load(p, extra) for p in configs]
+    runs = [(p, cfg if seed is None else _load(p, [*extra, f"train.seed={seed}"]), seed)
+            for p, cfg in zip(configs, cfgs) for seed in (seeds or [None])]
     presets = {c["data"]["preset"] for c in cfgs}
     tag = preset if preset is not None else "+".join(sorted(presets))
 
     rows: list[dict[str, Any]] = []
     cache: dict[str, tuple] = {}  # data/task sections -> (task, samples, metric): prepared once
-    for path, cfg in zip(configs, cfgs):
+    for path, cfg, seed in runs:
         key = repr((sorted(cfg["data"].items()), sorted(cfg["task"].items())))
         if key not in cache:
             say(f"data: preset {cfg['data']['preset']!r}, task {cfg['task'].get('name', 'tracking')!r}")
@@ -266,10 +276,10 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
         torch.manual_seed(cfg["train"]["seed"])
         model = models.build(cfg["model"]["name"], **cfg["model"]["options"])
         label = model_label(cfg)
-        run_dir = Path(out_dir) / f"{Path(path).stem}-{tag}"
+        run_dir = Path(out_dir) / (f"{Path(path).stem}-{tag}" + ("" if seed is None else f"-seed{seed}"))
         tcfg = TrainConfig(**{**cfg["train"], "device": str(dev)})
-        say(f"[{len(rows) + 1}/{len(configs)}] {label} ({path}): {_count_params(model)} parameters, "
-            f"{tcfg.epochs} epochs")
+        say(f"[{len(rows) + 1}/{len(runs)}] {label} ({path}, seed {cfg['train']['seed']}): "
+            f"{_count_params(model)} parameters, {tcfg.epochs} epochs")
         # a run folder holding another run is refused unless resuming; the lock keeps a second
         # comparison (e.g. one split over processes with overlapping configs) out of it
         check_run_folder(run_dir, resume=resume, overwrite=overwrite)
@@ -284,7 +294,7 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
             test = task.evaluate_report(model, samples["val"], samples["test"])
         else:
             test = task.evaluate(model, samples["test"])
-        row = {"config": str(path), "model": label, "model_name": cfg["model"]["name"],
+        row = {"config": str(path), "model": label, "seed": int(cfg["train"]["seed"]), "model_name": cfg["model"]["name"],
                "options": cfg["model"]["options"], "params": _count_params(model), "metric": metric,
                **{k: float(v) for k, v in test.items()},
                **_inference_stats(model, samples["test"], dev, repeats, max_timing_events),
@@ -306,8 +316,10 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
         # --resume changes no result: the recorded command is the one that reproduces the table
         cmd = command or recorded_command("pointformers.bench.hep_comparison",
                                           [a for a in sys.argv[1:] if a not in ("--resume", "--overwrite")])
+        seeded = (f" once per seed ({', '.join(map(str, seeds))}; mean ± std over seeds, claims by the seeds' rule of "
+                  "`pointformers.bench.seed_rule`)" if seeds else "")
         text = (f"Machine: {machine()}; device {dev}. Data preset `{tag}`; test split; every model trained with "
-                f"its config's `train` section{f' for {epochs} epochs' if epochs is not None else ''}.\n\n"
+                f"its config's `train` section{f' for {epochs} epochs' if epochs is not None else ''}{seeded}.\n\n"
                 + comparison_table(rows) + ("\n\n" + "\n".join(f"- {c}" for c in checks) if checks else ""))
         _write_doc(doc, f"hep-comparison-{tag}", text, cmd)
         say(f"wrote section hep-comparison-{tag} of {doc}")
@@ -326,21 +338,41 @@ def _fmt(v: Any, spec: str) -> str:
     return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
 
 
+def _by_config(rows: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """Rows grouped by config, in first-appearance order, each group in seed order."""
+    groups: dict[str, list] = {}
+    for r in rows:
+        groups.setdefault(r["config"], []).append(r)
+    return [sorted(g, key=lambda r: r.get("seed", 0)) for g in groups.values()]
+
+
 def comparison_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown table of :func:`compare_configs` rows."""
+    """Markdown table of :func:`compare_configs` rows: one line per config; with several seeds per
+    config, accuracy cells are mean ± std over seeds, times and sizes means (peak memory the largest)."""
     metric = rows[0]["metric"] if rows else "ap@k"
     has_trackml = any("trackml_score" in r for r in rows)
+    groups = _by_config(rows)
+    seeded = any(len(g) > 1 for g in groups)
     head = ["Model", "Config", "Params", metric.upper() if metric != "ap@k" else "AP@k"]
     if has_trackml:
         head += ["TrackML score", "DBSCAN eps"]
-    head += ["Inference ms/event", "Peak MB/event", "Hits/event", "Train s (epochs)"]
+    head += ["Inference ms/event", "Peak MB/event", "Hits/event", "Train s (epochs)"] + (["Seeds"] if seeded else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [r["model"], f"`{Path(r['config']).name}`", f"{r['params']:,}", _fmt(r.get(r["metric"]), ".4f")]
+
+    def stat(g, key: str, spec: str, how=mean_std) -> str:
+        vals = [float(r[key]) for r in g if r.get(key) is not None and math.isfinite(float(r[key]))]
+        return how(vals, spec) if vals else "n/a"
+
+    mean = lambda v, spec: format(statistics.fmean(v), spec)  # noqa: E731
+    for g in groups:
+        r = g[0]
+        cells = [r["model"], f"`{Path(r['config']).name}`", f"{r['params']:,}", stat(g, r["metric"], ".4f")]
         if has_trackml:
-            cells += [_fmt(r.get("trackml_score"), ".4f"), _fmt(r.get("dbscan_eps"), ".3g")]
-        cells += [_fmt(r["infer_ms"], ".1f"), _fmt(r["peak_mb"], ".0f"), _fmt(r["hits_per_event"], ".0f"),
-                  f"{r['train_s']:.0f} ({r['epochs']})"]
+            cells += [stat(g, "trackml_score", ".4f"), stat(g, "dbscan_eps", ".3g", mean)]
+        cells += [stat(g, "infer_ms", ".1f", mean), stat(g, "peak_mb", ".0f", lambda v, spec: format(max(v), spec)),
+                  stat(g, "hits_per_event", ".0f", mean), f"{stat(g, 'train_s', '.0f', mean)} ({r['epochs']})"]
+        if seeded:
+            cells.append(", ".join(str(x.get("seed", "")) for x in g))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -350,34 +382,53 @@ def check_orderings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
     Table 1: HEPT's AP@k above every other efficient transformer (every ``tracking-encoder`` row,
     the LSH ablations included, except ``full`` attention). Table 3: HEPT > OR & AND LSH* >
-    OR-only LSH* > each untied variant. Orderings whose models are not all present are reported as
-    skipped; rows of other tasks (no AP@k, e.g. pile-up) give no lines.
+    OR-only LSH* > each untied variant. Each "above" is decided by :func:`.seed_rule.compare` over
+    the models' seeds (beyond the seeds' spread, on at least :data:`.seed_rule.MIN_SEEDS` seeds);
+    with fewer seeds the line says UNDECIDED and what the means show. Orderings whose models are
+    not all present are reported as skipped; rows of other tasks (no AP@k, e.g. pile-up) give no lines.
     """
-    by = {r["model"]: r.get("ap@k") for r in rows if r.get("metric") == "ap@k"}
-    if not by:  # not a tracking comparison (e.g. pile-up AP): the tables' orderings do not apply
+    vals: dict[str, list[float]] = {}
+    for r in sorted(rows, key=lambda r: r.get("seed", 0)):
+        if r.get("metric") == "ap@k" and r.get("ap@k") is not None:
+            vals.setdefault(r["model"], []).append(float(r["ap@k"]))
+    if not vals:  # not a tracking comparison (e.g. pile-up AP): the tables' orderings do not apply
         return []
+    decided = min(len(v) for v in vals.values()) >= MIN_SEEDS
+    fmt = lambda m: mean_std(vals[m], ".4f")  # noqa: E731
+
+    def above(a: str, b: str) -> bool:
+        if decided:
+            return compare(vals[a], vals[b]) == "holds"
+        return statistics.fmean(vals[a]) > statistics.fmean(vals[b])
+
+    def label(ok: bool, detail: str = "") -> str:
+        if decided:
+            return ("HOLDS" if ok else "DOES NOT HOLD") + detail + "."
+        return (f"UNDECIDED (fewer than {MIN_SEEDS} seeds; on the means it "
+                + ("holds" if ok else "does not hold") + detail + ").")
+
+    rule = " beyond the seeds' spread" if decided else ""
     out = []
-    hept = by.get("HEPT")
     # every efficient transformer: the LSH variants too (OR-only LSH* is Reformer-like, OR-only LSH
     # SMYRF-like); not full attention (quadratic) and not the GNNs
-    transformers = {m: v for m, v in by.items() if m not in ("HEPT", "full", "DGCNN (EdgeConv)", "GravNet")}
-    if hept is None or not transformers:
+    others = [m for m in vals if m not in ("HEPT", "full", "DGCNN (EdgeConv)", "GravNet")]
+    if "HEPT" not in vals or not others:
         out.append("Table 1 ordering: skipped (needs HEPT and at least one other efficient transformer).")
     else:
-        worse = {m: v for m, v in transformers.items() if not (hept > v)}
-        nums = ", ".join(f"{m} {v:.4f}" for m, v in sorted(transformers.items(), key=lambda kv: -kv[1]))
-        out.append(f"Table 1 ordering (HEPT AP@k {hept:.4f} above every other efficient transformer: {nums}): "
-                   + ("holds." if not worse else f"does NOT hold for {', '.join(sorted(worse))}."))
+        worse = sorted(m for m in others if not above("HEPT", m))
+        nums = ", ".join(f"{m} {fmt(m)}" for m in sorted(others, key=lambda m: -statistics.fmean(vals[m])))
+        out.append(f"Table 1 ordering (HEPT AP@k {fmt('HEPT')} above every other efficient transformer{rule}: "
+                   f"{nums}): " + label(not worse, f" for {', '.join(worse)}" if worse else ""))
     chain = ["HEPT", "OR & AND LSH*", "OR-only LSH*"]
     untied = ["OR & AND LSH", "OR-only LSH"]
-    if not all(m in by for m in chain + untied):
-        missing = [m for m in chain + untied if m not in by]
+    if not all(m in vals for m in chain + untied):
+        missing = [m for m in chain + untied if m not in vals]
         out.append(f"Table 3 ordering: skipped (missing {', '.join(missing)}).")
     else:
-        ok = by[chain[0]] > by[chain[1]] > by[chain[2]] and all(by[chain[2]] > by[u] for u in untied)
-        nums = ", ".join(f"{m} {by[m]:.4f}" for m in chain + untied)
-        out.append(f"Table 3 ordering (HEPT > OR & AND LSH* > OR-only LSH* > untied variants; {nums}): "
-                   + ("holds." if ok else "does NOT hold."))
+        ok = above(chain[0], chain[1]) and above(chain[1], chain[2]) and all(above(chain[2], u) for u in untied)
+        nums = ", ".join(f"{m} {fmt(m)}" for m in chain + untied)
+        out.append(f"Table 3 ordering (HEPT > OR & AND LSH* > OR-only LSH* > untied variants{rule}; {nums}): "
+                   + label(ok))
     return out
 
 
@@ -501,6 +552,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="continue the run folders in --out (a comparison stopped part-way, or split over "
                         "processes with disjoint --configs): finished runs are only evaluated")
     c.add_argument("--overwrite", action="store_true", help="replace the runs already in --out")
+    c.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="train every config once per seed (default: once, with its train.seed)")
     s = sub.add_parser("speed", help="HEPT vs the kNN-graph GNNs on one large event")
     s.add_argument("--hits", type=int, default=60000)
     s.add_argument("--configs", nargs="+", default=list(DEFAULT_SPEED_CONFIGS))
@@ -512,7 +565,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if a.cmd == "compare":
             compare_configs(a.configs, a.preset, a.epochs, a.out, a.device, a.repeats, a.timing_events, a.set,
-                            a.write, progress=sys.stderr.isatty(), resume=a.resume, overwrite=a.overwrite)
+                            a.write, progress=sys.stderr.isatty(), resume=a.resume, overwrite=a.overwrite,
+                            seeds=a.seeds)
         else:
             speed_comparison(a.hits, a.configs, a.repeats, a.device, a.seed, a.write)
     except ValueError as exc:

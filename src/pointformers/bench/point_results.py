@@ -56,9 +56,11 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from .harness import machine, measure, recorded_command, run_isolated, write_section
+from .seed_rule import MIN_SEEDS, compare, mean_std, spread, verdict
 
 __all__ = ["SHAPE_CONFIGS", "LISTOPS_CONFIGS", "MEMORY_CONFIG", "PRETRAIN_CONFIG", "FINETUNE_CONFIG", "TWINS",
-           "train_config", "run_experiment", "pretraining_comparison", "memory_comparison", "MIN_SEEDS", "spread", "compare", "check_claims", "results_markdown", "run_point_results", "main"]
+           "train_config", "run_experiment", "pretraining_comparison", "memory_comparison", "MIN_SEEDS", "spread",
+           "compare", "check_claims", "results_markdown", "run_point_results", "main"]
 
 _CFG = "configs"
 #: Shape-classification configs of the comparison (attention models, their twins, the MLP baseline).
@@ -86,8 +88,6 @@ SAMPLING_SEQ_PREFIX = "listops-samsa"
 NO_ATTENTION_SEQ = "listops-mlp-seq"
 #: Thresholds of the claims, in accuracy points (percent).
 TWIN_TOLERANCE = 3.0
-#: Fewest seeds per config on which a comparison is decided (:func:`compare`).
-MIN_SEEDS = 3
 ROTATION_KEEP = 1.0
 ROTATION_DROP = 5.0
 #: Memory growth per doubling of n: materialised attention quadratic (x4), sampled linear (x2).
@@ -270,35 +270,6 @@ def _values(rows: Sequence[Mapping[str, Any]], stem: str, key: str = "test") -> 
             if r["stem"] == stem and r.get(key) is not None]
 
 
-def spread(a: Sequence[float], b: Sequence[float]) -> float:
-    """The seeds' spread of a comparison of two configs: the sum of their sample standard deviations
-    over seeds (0 for a single seed). A difference of means counts only beyond it (see
-    :func:`compare`)."""
-    return sum(statistics.stdev(v) if len(v) > 1 else 0.0 for v in (a, b))
-
-
-def compare(a: Sequence[float], b: Sequence[float], margin: float = 0.0) -> str:
-    """Decide "mean(a) − mean(b) > −margin beyond the seeds' spread": ``"holds"`` when
-    mean(a) − mean(b) − :func:`spread` > −margin (the pessimistic end of the difference still
-    clears it), ``"fails"`` when mean(a) − mean(b) + spread ≤ −margin (even the optimistic end
-    does not), otherwise ``"within spread"`` (the seeds cannot tell). ``margin`` 0: a beats b;
-    ``margin`` > 0: a is within ``margin`` points of b or above. Fewer than :data:`MIN_SEEDS`
-    seeds on either side: ``"undecided"``."""
-    if min(len(a), len(b)) < MIN_SEEDS:
-        return "undecided"
-    d, sp = statistics.fmean(a) - statistics.fmean(b), spread(a, b)
-    if d - sp > -margin:
-        return "holds"
-    return "fails" if d + sp <= -margin else "within spread"
-
-
-def _verdict(outcomes: Sequence[str]) -> str:
-    """One claim's label from its comparisons' outcomes (:func:`compare`)."""
-    if not outcomes or "undecided" in outcomes:
-        return f"UNDECIDED (fewer than {MIN_SEEDS} seeds)"
-    return "HOLDS" if all(o == "holds" for o in outcomes) else "DOES NOT HOLD"
-
-
 _TWIN_NOTE = {"fails": ", too far", "within spread": ", the seeds cannot tell"}
 
 
@@ -331,11 +302,11 @@ def check_claims(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence
         # the rotation-invariant model sees no coordinates, only invariant features; its claim is (c)
         attn = [s for s in stems if s not in (MLP_STEM, ROTATION_PAIR[0])]
         res = {s: compare(_values(shape_rows, s), mlp) for s in attn}
-        detail = ", ".join(f"{short(s)} {_pm(_values(shape_rows, s))} (spread "
+        detail = ", ".join(f"{short(s)} {mean_std(_values(shape_rows, s))} (spread "
                            f"{spread(_values(shape_rows, s), mlp):.1f})" for s in attn)
         losers = [s for s, o in res.items() if o in ("fails", "within spread")]
-        out.append(f"{_verdict(list(res.values()))}: every attention model beats the MLP + pooling baseline on the "
-                   f"shapes beyond the seeds' spread (test OA %, mean ± std over seeds; MLP {_pm(mlp)}; "
+        out.append(f"{verdict(list(res.values()))}: every attention model beats the MLP + pooling baseline on the "
+                   f"shapes beyond the seeds' spread (test OA %, mean ± std over seeds; MLP {mean_std(mlp)}; "
                    f"{detail}; the rotation-invariant SFT is judged by its invariance claim below)"
                    + (f" -- not beaten beyond the spread by {', '.join(short(s) for s in losers)}" if losers else "")
                    + ".")
@@ -347,10 +318,10 @@ def check_claims(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence
         o = compare(a, b, TWIN_TOLERANCE)
         outcomes.append(o)
         d = statistics.fmean(a) - statistics.fmean(b)
-        twin_parts.append(f"{short(eff)} {_pm(a)} vs {short(twin)} {_pm(b)} ({d:+.1f}, spread "
+        twin_parts.append(f"{short(eff)} {mean_std(a)} vs {short(twin)} {mean_std(b)} ({d:+.1f}, spread "
                           f"{spread(a, b):.1f}{_TWIN_NOTE.get(o, '')})")
     if twin_parts:
-        out.append(f"{_verdict(outcomes)}: the efficient models are within {TWIN_TOLERANCE:.0f} points of (or above) "
+        out.append(f"{verdict(outcomes)}: the efficient models are within {TWIN_TOLERANCE:.0f} points of (or above) "
                    f"their full-attention twins beyond the seeds' spread (test OA %: {'; '.join(twin_parts)}).")
     inv, plain = ROTATION_PAIR
     a0, a1 = _values(shape_rows, inv), _values(shape_rows, inv, "test_rotated")
@@ -358,11 +329,11 @@ def check_claims(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence
     if a0 and a1 and b0 and b1:
         keep = len(a0) == len(a1) and max(abs(x - y) for x, y in zip(a0, a1)) <= ROTATION_KEEP
         drop = compare(b0, b1, -ROTATION_DROP)  # b0 − b1 > ROTATION_DROP beyond the spread
-        label = _verdict(["holds" if keep else "fails", drop] if min(len(a0), len(b0)) >= MIN_SEEDS
+        label = verdict(["holds" if keep else "fails", drop] if min(len(a0), len(b0)) >= MIN_SEEDS
                          else ["undecided"])
         out.append(f"{label}: the rotation-invariant SFT keeps its accuracy on randomly rotated (SO(3)) test shapes, "
-                   f"{_pm(a0)} -> {_pm(a1)} % OA, while the non-invariant SFT drops, {_pm(b0)} -> "
-                   f"{_pm(b1)} % (thresholds: every seed's change <= {ROTATION_KEEP:.0f} point; a drop > "
+                   f"{mean_std(a0)} -> {mean_std(a1)} % OA, while the non-invariant SFT drops, {mean_std(b0)} -> "
+                   f"{mean_std(b1)} % (thresholds: every seed's change <= {ROTATION_KEEP:.0f} point; a drop > "
                    f"{ROTATION_DROP:.0f} points beyond the spread {spread(b0, b1):.1f}).")
     seq = list(dict.fromkeys(r["stem"] for r in listops_rows))
     base = _values(listops_rows, NO_ATTENTION_SEQ)
@@ -370,10 +341,10 @@ def check_claims(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence
         samp = {s: _values(listops_rows, s) for s in seq if s.startswith(SAMPLING_SEQ_PREFIX)}
         if samp:
             res = [compare(v, base) for v in samp.values()]
-            out.append(f"{_verdict(res)}: on ListOps the sampling model(s) beat the no-attention baseline beyond the "
+            out.append(f"{verdict(res)}: on ListOps the sampling model(s) beat the no-attention baseline beyond the "
                        "seeds' spread (test accuracy %: "
-                       + ", ".join(f"{short(s)} {_pm(v)} (spread {spread(v, base):.1f})" for s, v in samp.items())
-                       + f" vs {short(NO_ATTENTION_SEQ)} {_pm(base)}).")
+                       + ", ".join(f"{short(s)} {mean_std(v)} (spread {spread(v, base):.1f})" for s, v in samp.items())
+                       + f" vs {short(NO_ATTENTION_SEQ)} {mean_std(base)}).")
     if memory_rows:
         sizes = sorted({r["points"] for r in memory_rows})
         top = sizes[-1]
@@ -396,21 +367,13 @@ def check_claims(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence
         a, b = _values(pretrain_rows, ft), _values(pretrain_rows, scratch)
         if a and b:
             d = statistics.fmean(a) - statistics.fmean(b)
-            out.append(f"{_verdict([compare(a, b)])}: masked pre-training improves the fine-tuned classifier over the "
+            out.append(f"{verdict([compare(a, b)])}: masked pre-training improves the fine-tuned classifier over the "
                        f"same classifier trained from scratch beyond the seeds' spread (`{short(ft)}`, test OA %: "
-                       f"fine-tuned {_pm(a)} vs from scratch {_pm(b)}, {d:+.1f}, spread {spread(a, b):.1f}).")
+                       f"fine-tuned {mean_std(a)} vs from scratch {mean_std(b)}, {d:+.1f}, spread {spread(a, b):.1f}).")
     return out
 
 
 # ------------------------------------------------------------------------------------------ report
-def _pm(vals: Sequence[float]) -> str:
-    if not vals:
-        return "n/a"
-    if len(vals) == 1:
-        return f"{vals[0]:.1f}"
-    return f"{statistics.fmean(vals):.1f} ± {statistics.stdev(vals):.1f}"
-
-
 def _table(rows: Sequence[Mapping[str, Any]], extra_keys: Sequence[tuple[str, str]], rotated: bool) -> str:
     stems = list(dict.fromkeys(r["stem"] for r in rows))
     head = ["config", "model", "params", *[label for _, label in extra_keys]]
@@ -421,9 +384,9 @@ def _table(rows: Sequence[Mapping[str, Any]], extra_keys: Sequence[tuple[str, st
     for s in stems:
         rs = [r for r in rows if r["stem"] == s]
         cells = [f"`{s}`", rs[0]["model"], str(rs[0]["params"])]
-        cells += [_pm([100 * r["test"][k] for r in rs if k in r["test"]]) for k, _ in extra_keys]
+        cells += [mean_std([100 * r["test"][k] for r in rs if k in r["test"]]) for k, _ in extra_keys]
         if rotated:
-            cells.append(_pm([100 * r["test_rotated"][rs[0]["metric"]] for r in rs if r.get("test_rotated")]))
+            cells.append(mean_std([100 * r["test_rotated"][rs[0]["metric"]] for r in rs if r.get("test_rotated")]))
         cells += [f"{statistics.fmean(r['train_s'] for r in rs):.0f}", ", ".join(str(r["seed"]) for r in rs)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -462,13 +425,10 @@ def results_markdown(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequ
     classifiers = [r for r in pretrain_rows if r["metric"] != "chamfer"]
     if classifiers:
         pre = [r for r in pretrain_rows if r["metric"] == "chamfer"]
-        chamfer = ""
-        if pre:
-            vals = [r["test"]["chamfer"] for r in pre]
-            sd = f" ± {statistics.stdev(vals):.4f}" if len(vals) > 1 else ""
-            chamfer = (f" Pre-training (`{pre[0]['stem']}`, {pre[0]['epochs']} epochs, "
-                       f"{statistics.fmean(r['train_s'] for r in pre):.0f} s): test masked-group Chamfer-L2 "
-                       f"{statistics.fmean(vals):.4f}{sd}.")
+        chamfer = "" if not pre else (
+            f" Pre-training (`{pre[0]['stem']}`, {pre[0]['epochs']} epochs, "
+            f"{statistics.fmean(r['train_s'] for r in pre):.0f} s per seed): test masked-group Chamfer-L2 "
+            f"{mean_std([r['test']['chamfer'] for r in pre], '.4f')}.")
         parts.append("**Masked pre-training** (Sampled Transformer, MAE-sampled): the same classifier trained from "
                      "scratch (`-scratch`) and fine-tuned from each seed's pre-trained checkpoint (`-pretrained`), "
                      "same recipe and seed; see the configs' headers." + chamfer + "\n\n"
