@@ -111,6 +111,9 @@ def test_sft_and_samsa_point_configs_use_the_normals():
     for p in point:
         cfg = load_config(p)
         opts = cfg["model"]["options"]
+        if cfg["model"]["name"] == "point-mae-cls":   # Point-MAE pre-trains and fine-tunes on coordinates only
+            assert cfg["data"]["normals"] is False and opts["in_dim"] == 0, p.name
+            continue
         assert cfg["data"]["normals"] is True and opts["in_dim"] == 3, p.name
         if cfg["model"]["name"].startswith(("sft-", "full-")):
             assert opts.get("normals", True) is True, p.name        # n_i . n_j in the relative features
@@ -126,9 +129,18 @@ def test_sft_and_samsa_point_configs_use_the_normals():
 def test_sft_configs_run_tables_8_and_9(stem, drop, table8):
     cfg = _cfg(stem)
     tr = cfg["train"]
-    assert cfg["model"]["options"]["drop_token"] == drop
+    opts = cfg["model"]["options"]
+    assert opts["drop_token"] == drop
+    if stem != "shape-classification-sft-ri-cls":   # its CPU config is being reworked (docs/results.md)
+        assert (opts["qk_dropout"], opts["dropout"], opts["ffn_dropout"]) == (0.1, 0.1, 0.2)   # Table 9
     assert (tr["optimizer"], tr["schedule"], tr["lr"]) == ("adamw", "step", 1e-3)
     assert {k: tr[k] for k in table8} == table8
+
+
+@pytest.mark.parametrize("stem", ["shape-classification-full-cls", "part-segmentation-full-partseg"])
+def test_full_attention_twins_take_their_sft_twins_dropouts(stem):
+    opts = _cfg(stem)["model"]["options"]
+    assert (opts["dropout"], opts["ffn_dropout"]) == (0.1, 0.2)
 
 
 @pytest.mark.parametrize("stem", ["shape-classification-samsa-cls", "part-segmentation-samsa-partseg",

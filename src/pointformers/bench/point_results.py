@@ -428,7 +428,7 @@ def results_markdown(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequ
         chamfer = "" if not pre else (
             f" Pre-training (`{pre[0]['stem']}`, {pre[0]['epochs']} epochs, "
             f"{statistics.fmean(r['train_s'] for r in pre):.0f} s per seed): test masked-group Chamfer-L2 "
-            f"{mean_std([r['test']['chamfer'] for r in pre], '.4f')}.")
+            f"{mean_std([r['test']['chamfer'] for r in pre], '.5f')}.")
         parts.append("**Masked pre-training** (Sampled Transformer, MAE-sampled): the same classifier trained from "
                      "scratch (`-scratch`) and fine-tuned from each seed's pre-trained checkpoint (`-pretrained`), "
                      "same recipe and seed; see the configs' headers." + chamfer + "\n\n"
