@@ -259,10 +259,9 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
     dev = _device(device)
     extra = list(overrides) + ([f"data.preset={preset}"] if preset is not None else []) \
         + ([f"train.epochs={epochs}"] if epochs is not None else [])
-    cfgs = [_load(p, extra) for p in configs]
-    runs = [(p, cfg if seed is None else _load(p, [*extra, f"train.seed={seed}"]), seed)
-            for p, cfg in zip(configs, cfgs) for seed in (seeds or [None])]
-    presets = {c["data"]["preset"] for c in cfgs}
+    runs = [(p, _load(p, extra if seed is None else [*extra, f"train.seed={seed}"]), seed)
+            for p in configs for seed in (seeds or [None])]
+    presets = {c["data"]["preset"] for _, c, _ in runs}
     tag = preset if preset is not None else "+".join(sorted(presets))
 
     rows: list[dict[str, Any]] = []

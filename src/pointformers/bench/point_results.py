@@ -361,8 +361,7 @@ def check_claims(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence
                    + (f". PyTorch's fused CPU kernel avoids the n x n matrix: full attention's memory then grows "
                       f"x{gf:.2f} per doubling ({fmt(pf)}), its time still quadratically" if gf is not None else "")
                    + ".")
-    stems = list(dict.fromkeys(r["stem"] for r in pretrain_rows))
-    for ft in (s for s in stems if s.endswith(PRETRAINED_SUFFIX)):
+    for ft in dict.fromkeys(r["stem"] for r in pretrain_rows if r["stem"].endswith(PRETRAINED_SUFFIX)):
         scratch = ft[:-len(PRETRAINED_SUFFIX)] + SCRATCH_SUFFIX
         a, b = _values(pretrain_rows, ft), _values(pretrain_rows, scratch)
         if a and b:

@@ -122,7 +122,7 @@ class SFTEncoder(nn.Module):
         if mechanism.accepts("k"):
             block_options.setdefault("k", k)
         norm_position = norm_position or ("post" if rotation_invariant else "pre")
-        self.dim, self.rotation_invariant, self.tokens = dim, rotation_invariant, tokens
+        self.dim, self.rotation_invariant = dim, rotation_invariant
         self.normal_dims = block_options.get("normal_dims", 0)
         self.token_embed = nn.Linear(1 + (self.normal_dims > 0), dim) if tokens == "radial" else None
         self.blocks = nn.ModuleList(sft_layer(dim, attention, heads=heads, norm_position=norm_position,
