@@ -24,6 +24,7 @@ OPTIONS = {
     "pileup-encoder": dict(attention="full", heads=2, n_layers=1, **TRACKING),
     "tracking-edgeconv": GNN, "tracking-gravnet": GNN,
     "flt-seq": {}, "full-seq": {}, "mlp-seq": {}, "samsa-seq": {},
+    "flt-lm": {"chunk_size": 4}, "performer-lm": {"chunk_size": 4}, "full-lm": {}, "mlp-lm": {},
     "mlp-set": {}, "set-isab-pma": {}, "set-isab-pma-sampled": {}, "set-sab-pma": {},
     "point-mae-cls": {"attention": "sampled"},
 }
@@ -33,6 +34,7 @@ OPTIONS = {
 PACKAGE_MODELS = [n for n in MODELS if MODELS.get(n).factory.__module__.startswith("pointformers.")
                   and n != "point-mae"]
 SEQUENCES = {"flt-seq", "full-seq", "mlp-seq", "samsa-seq"}
+LANGUAGE = {"flt-lm", "performer-lm", "full-lm", "mlp-lm"}  # per-token next-word logits
 SETS = {"mlp-set", "set-isab-pma", "set-isab-pma-sampled", "set-sab-pma"}
 HITS = {"hept-tracking", "tracking-encoder", "tracking-edgeconv", "tracking-gravnet", "hept-pileup", "pileup-encoder"}
 VOCAB = 12
@@ -42,7 +44,7 @@ def _model(name):
     if name not in OPTIONS:
         pytest.fail(f"{name}: no input factory in tests/test_flat_models.py; add its options and inputs")
     torch.manual_seed(0)
-    kw = dict(vocab_size=VOCAB, num_classes=4) if name in SEQUENCES else {}
+    kw = dict(vocab_size=VOCAB, num_classes=4) if name in SEQUENCES else dict(vocab_size=VOCAB) if name in LANGUAGE else {}
     return build(name, **kw, **OPTIONS[name]).double().eval()
 
 
@@ -54,8 +56,8 @@ def _inputs(name, model, sizes=SIZES, seed=0):
     def rand(n, d):
         return torch.randn(n, d, generator=g, dtype=torch.float64)
 
-    if name in SEQUENCES:
-        return [(torch.randint(0, VOCAB, (n,), generator=g),) for n in sizes], (VOCAB - 1,), False
+    if name in SEQUENCES or name in LANGUAGE:
+        return [(torch.randint(0, VOCAB, (n,), generator=g),) for n in sizes], (VOCAB - 1,), name in LANGUAGE
     if name in SETS:
         return [(rand(n, model.in_dim),) for n in sizes], (0.5,), False
     if name in HITS:

@@ -13,7 +13,7 @@ from pointformers.tasks import metrics
 from pointformers.tasks.registry import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
-TASKS = ("shape-classification", "part-segmentation", "listops", "clustering", "pair-potential")
+TASKS = ("shape-classification", "part-segmentation", "listops", "clustering", "pair-potential", "language-model")
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if p.name.startswith(TASKS))
 #: (task, model) pairs the issue asks configs for.
 PAIRS = {"shape-classification": ["sft-cls", "sft-ri-cls", "samsa-cls", "sampled-cls", "sampled-hier-cls", "full-cls",
@@ -21,7 +21,8 @@ PAIRS = {"shape-classification": ["sft-cls", "sft-ri-cls", "samsa-cls", "sampled
          "part-segmentation": ["sft-partseg", "sft-ri-partseg", "samsa-partseg", "full-partseg", "mlp-partseg"],
          "listops": ["samsa-seq", "flt-seq", "full-seq", "mlp-seq"],
          "clustering": ["set-isab-pma", "set-isab-pma-sampled", "set-sab-pma", "mlp-set"],
-         "pair-potential": ["flt-3d-reg", "full-3d-reg", "mlp-3d-reg"]}
+         "pair-potential": ["flt-3d-reg", "full-3d-reg", "mlp-3d-reg"],
+         "language-model": ["flt-lm", "performer-lm", "full-lm", "mlp-lm"]}
 
 
 def tiny_overrides(task: str, cache: str) -> list[str]:
@@ -32,6 +33,8 @@ def tiny_overrides(task: str, cache: str) -> list[str]:
     if task == "part-segmentation":
         return common + ["data.preset=tiny", "data.classes=[mug, lamp]", "data.per_class=[2, 1, 1]",
                          "data.num_points=32", "data.mini_batch=2"]
+    if task == "language-model":
+        return common + ["data.preset=tiny", "data.block_len=32", "data.mini_batch=3"]
     return common + ["data.preset=tiny", "data.mini_batch=3"]
 
 
@@ -85,13 +88,14 @@ def _cfg(stem: str) -> dict:
 #: Configs compared with each other in one task share one ``train`` section: the recipe of the
 #: mechanism's paper (baselines and twins take the one of the model they are compared with).
 SAME_TRAIN = [
-    ["shape-classification-sft-cls", "shape-classification-full-cls"],
+    ["shape-classification-sft-cls", "shape-classification-full-cls", "shape-classification-sft-ri-cls"],
     ["shape-classification-samsa-cls", "shape-classification-samsa-cls-full"],
     ["shape-classification-sampled-cls", "shape-classification-sampled-cls-full", "shape-classification-sampled-hier-cls",
      "shape-classification-mlp-cls", "shape-classification-point-mae-sampled"],
     ["part-segmentation-sft-partseg", "part-segmentation-full-partseg", "part-segmentation-mlp-partseg"],
     ["listops-samsa-seq", "listops-full-seq", "listops-mlp-seq"],
     ["pair-potential-flt-3d-reg", "pair-potential-full-3d-reg", "pair-potential-mlp-3d-reg"],
+    ["language-model-flt", "language-model-performer", "language-model-full", "language-model-mlp"],
     ["clustering-set-isab-pma-sampled", "clustering-set-isab-pma", "clustering-set-sab-pma", "clustering-mlp-set"],
 ]
 
@@ -131,10 +135,33 @@ def test_sft_configs_run_tables_8_and_9(stem, drop, table8):
     tr = cfg["train"]
     opts = cfg["model"]["options"]
     assert opts["drop_token"] == drop
-    if stem != "shape-classification-sft-ri-cls":   # its CPU config is being reworked (docs/results.md)
-        assert (opts["qk_dropout"], opts["dropout"], opts["ffn_dropout"]) == (0.1, 0.1, 0.2)   # Table 9
+    assert (opts["qk_dropout"], opts["dropout"], opts["ffn_dropout"]) == (0.1, 0.1, 0.2)   # Table 9
     assert (tr["optimizer"], tr["schedule"], tr["lr"]) == ("adamw", "step", 1e-3)
     assert {k: tr[k] for k in table8} == table8
+
+
+@pytest.mark.parametrize("stem", ["shape-classification-sft-ri-cls", "shape-classification-sft-ri-cls-paper",
+                                  "part-segmentation-sft-ri-partseg"])
+def test_rotation_invariant_configs_build_exactly_invariant_models(stem):
+    # the configs' own options (CPU remedies: radial tokens, point-pair features, RPE MLP): output unchanged
+    # by a rotation of the shape with its normals and a translation, and changed by a non-rigid deformation
+    cfg = _cfg(stem)
+    opts = dict(cfg["model"]["options"], **({"num_categories": 2} if "num_categories" in cfg["model"]["options"] else {}))
+    torch.manual_seed(0)
+    model = models.build(cfg["model"]["name"], **opts).double().eval()
+    g = torch.Generator().manual_seed(1)
+    n = 48
+    pos = torch.randn(1, n, 3, generator=g, dtype=torch.float64)
+    nrm = torch.nn.functional.normalize(torch.randn(1, n, 3, generator=g, dtype=torch.float64), dim=-1)
+    q, r = torch.linalg.qr(torch.randn(3, 3, generator=g, dtype=torch.float64))
+    R = q * torch.sign(torch.diagonal(r))
+    R = R if torch.det(R) > 0 else -R
+    kw = {"category": torch.tensor([1])} if cfg["task"]["name"] == "part-segmentation" else {}
+    with torch.no_grad():
+        y = model(nrm, pos, **kw)
+        assert torch.allclose(model(nrm @ R.T, pos @ R.T + 0.7, **kw), y, atol=1e-8)
+        stretched = pos * torch.tensor([1.0, 1.0, 2.0], dtype=torch.float64)
+        assert not torch.allclose(model(nrm, stretched, **kw), y, atol=1e-4)
 
 
 @pytest.mark.parametrize("stem", ["shape-classification-full-cls", "part-segmentation-full-partseg"])

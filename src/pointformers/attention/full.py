@@ -24,6 +24,8 @@ class FullAttention(TokenMixer):
         heads: number of heads H.
         head_dim: per-head width d_h (default D // H, or D when H does not divide D).
         bias: whether the q/k/v projections carry a bias (the output projection always does).
+        causal: query i attends to the real keys j ≤ i only (index order; a decoder, e.g. the
+            language models of :mod:`pointformers.models.language_models`).
     Shapes: x (B, N, D), mask (B, N) -> (B, N, D). ``pos`` is accepted and ignored.
     Memory: PyTorch's fused SDPA kernels (flash / memory-efficient) avoid the N×N matrix when
     no float mask is needed; the boolean key mask is only passed when a batch has padding.
@@ -31,8 +33,12 @@ class FullAttention(TokenMixer):
     passed to SDPA (deciding whether it has padding would read it on the host); mask=None skips it.
     """
 
-    def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, bias: bool = False, dropout: float = 0.0):
+    _repr_fields = ("causal",)
+
+    def __init__(self, dim: int, heads: int = 8, head_dim: int | None = None, bias: bool = False, dropout: float = 0.0,
+                 causal: bool = False):
         super().__init__(dim, heads, dropout)
+        self.causal = bool(causal)
         self.head_dim = head_dim or (dim // heads if dim % heads == 0 else dim)
         inner = heads * self.head_dim
         self._init_projections(inner, bias)
@@ -48,4 +54,10 @@ class FullAttention(TokenMixer):
         # the key mask only when there is padding; export mode cannot look (host read), so a given mask is used
         no_padding = unpadded or (not self.exportable and bool(mask.all()))
         attn_mask = None if no_padding else mask[:, None, None, :]
-        return self.merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask), mask)
+        if self.causal and attn_mask is not None:
+            N = x.shape[1]
+            tri = torch.ones(N, N, dtype=torch.bool, device=x.device).tril()
+            # each query also sees itself: a padded query row is never empty (no NaN), a real one unchanged
+            attn_mask = (attn_mask & tri) | torch.eye(N, dtype=torch.bool, device=x.device)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=self.causal and attn_mask is None)
+        return self.merge_heads(o, mask)

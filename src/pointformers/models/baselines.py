@@ -8,6 +8,8 @@ Full-attention twins — the same architecture as the efficient model with the `
 * ``full-seq`` = ``samsa-seq`` layout (RMSNorm, ReZero, parallel FFN, learned positions),
 * ``full-3d-reg`` = ``flt-3d-reg`` layout with *exact* softmax(f(r_i − r_j) + q·k/√d) attention and the
   same learned RPE (``flt_exact``: plain ``full`` would not see the geometry at all),
+* ``full-lm`` / ``performer-lm`` = ``flt-lm`` layout with causal softmax attention / causal FAVOR+
+  (the FLT paper's Table 1 rows; both with a learned absolute position embedding, FLT without),
 * sets: ``set-sab-pma`` (:mod:`.set_models`).
 
 Any efficient model also takes ``attention="full"`` directly (e.g. ``build("sampled-cls",
@@ -21,6 +23,9 @@ MLP + pooling baselines ("no attention"):
   with the max-pooled global feature (and a category embedding), per-point MLP.
 * ``mlp-seq`` — :class:`SequenceMLPClassifier`: token embedding (optionally + learned position),
   per-token MLP, masked mean pool, MLP head.
+* ``mlp-lm`` — :class:`PrefixMeanLanguageModel`: token embedding (+ learned position), a per-token MLP
+  on [h_i, mean of h_j over j ≤ i] (causal mean pooling: the document's bag of words so far, no
+  attention), next-token logits tied to the embedding.
 * ``mlp-3d-reg`` — :class:`PointMLPRegressor`, DeepSets ρ(Σ φ(x_i, p_i − p̄)): translation-invariant.
 * ``mlp-set`` — :class:`SetMLPClusterer`, Set Transformer's "rFF + Pooling": per-point rFF, mean
   pool, MLP decoder to the k mixture components.
@@ -36,7 +41,7 @@ from torch import nn
 from ..data.batch import accepts_flat_batch, accepts_flat_inputs
 from ..nn.model_inputs import check_point_inputs, check_token_inputs
 from ..nn.pooling import masked_max, masked_mean, masked_sum
-from .flt_models import FLT3DRegressor
+from .flt_models import FLT3DRegressor, FLTLanguageModel
 from .registry import register_model
 from .samsa_models import SAMSASequenceClassifier
 from .set_models import Mixture, MixtureHead, check_set_inputs
@@ -142,6 +147,49 @@ class SequenceMLPClassifier(nn.Module):
         return self.head(masked_mean(self.token(h), mask))
 
 
+class PrefixMeanLanguageModel(nn.Module):
+    """Next-token logits from each token and the causal mean of the tokens before it, no attention:
+    forward(tokens (B, L) int, mask (B, L)) -> (B, L, V); PyG-style: forward(tokens (N,), batch=b | ptr=p)
+    -> (N, V).
+
+    ``widths``: the per-token MLP on [h_i, mean_{j ≤ i} h_j] (2·dim in); its output is projected
+    back to ``dim`` and scored against the (tied) embedding. ``positional``: learned absolute
+    positions up to ``max_len``. Padded positions are ignored and their logits zero.
+    """
+
+    def __init__(self, vocab_size: int = 32, dim: int = 64, widths: tuple[int, ...] = (128,), positional: bool = True,
+                 max_len: int = 1024, tie_embeddings: bool = True, dropout: float = 0.0):
+        super().__init__()
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
+            raise ValueError(f"vocab_size: expected an integer >= 2, got {vocab_size!r}")
+        self.vocab_size, self.max_len = vocab_size, max_len
+        self.embed = nn.Embedding(vocab_size, dim)
+        nn.init.normal_(self.embed.weight, std=dim ** -0.5)  # fairseq's LM embedding scale: logits O(1) at init
+        self.pos_embed = nn.Embedding(max_len, dim) if positional else None
+        self.mlp = point_mlp([2 * dim, *widths])
+        self.drop = nn.Dropout(dropout)
+        self.proj = nn.Linear(widths[-1], dim)
+        self.norm = nn.LayerNorm(dim)
+        self.out = nn.Linear(dim, vocab_size)
+        if tie_embeddings:
+            self.out.weight = self.embed.weight
+
+    @accepts_flat_inputs(1, per_point=True)
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        tokens, mask = check_token_inputs(tokens, mask, vocab_size=self.vocab_size,
+                                          max_len=self.max_len if self.pos_embed is not None else None,
+                                          who=type(self).__name__)
+        keep = mask.unsqueeze(-1)
+        h = self.embed(tokens)
+        if self.pos_embed is not None:
+            h = h + self.pos_embed.weight[: tokens.shape[1]]
+        h = h.masked_fill(~keep, 0.0)
+        count = keep.to(h.dtype).cumsum(1).clamp_min(1.0)
+        prefix = h.cumsum(1) / count  # mean over the real tokens j <= i
+        y = self.proj(self.drop(self.mlp(torch.cat([h, prefix], -1))))
+        return self.out(self.norm(y + h)).masked_fill(~keep, 0.0)
+
+
 class PointMLPRegressor(nn.Module):
     """DeepSets regressor ρ(Σ_i φ([x_i, p_i − p̄])): forward(x (B, N, F) | None, pos (B, N, 3), mask) -> (B,).
 
@@ -220,6 +268,18 @@ def full_3d_reg(**options) -> FLT3DRegressor:
     return FLT3DRegressor(**{"attention": "flt_exact", "learn_proposal": False, **options})
 
 
+@register_model("full-lm")
+def full_lm(**options) -> FLTLanguageModel:
+    """``flt-lm`` layout with causal softmax attention (and learned absolute positions)."""
+    return FLTLanguageModel(**{"attention": "full", **options})
+
+
+@register_model("performer-lm")
+def performer_lm(**options) -> FLTLanguageModel:
+    """``flt-lm`` layout with causal FAVOR+ (Performer; learned absolute positions, no RPE)."""
+    return FLTLanguageModel(**{"attention": "performer", **options})
+
+
 # ---------------------------------------------------------------------------------------- MLPs
 @register_model("mlp-cls")
 def mlp_cls(**options) -> PointMLPClassifier:
@@ -237,6 +297,12 @@ def mlp_partseg(**options) -> PointMLPSegmenter:
 def mlp_seq(**options) -> SequenceMLPClassifier:
     """Embedding + MLP + mean-pool sequence classifier."""
     return SequenceMLPClassifier(**options)
+
+
+@register_model("mlp-lm")
+def mlp_lm(**options) -> PrefixMeanLanguageModel:
+    """Embedding + causal mean pooling + per-token MLP language model (no attention)."""
+    return PrefixMeanLanguageModel(**options)
 
 
 @register_model("mlp-3d-reg")

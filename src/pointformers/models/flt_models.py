@@ -10,6 +10,10 @@ O(N) time.
   Gaussian-mixture RPE (or the local RPE, ``rpe_type="local"``), masked mean pooling, MLP head.
   Paper LM (App. B.1, :data:`PAPER_LM`): 6 layers, 8 heads, hidden 512, FFN 2048, m = 64, r = 32,
   dropout 0.1; RPE masks differ between heads and are **shared across layers** (``share_rpe``).
+* ``flt-lm`` — :class:`FLTLanguageModel`: the paper's decoder for language modelling (App. B.1):
+  causal FLT attention (chunked prefix sums; FLT never describes its causal form, the spec's §9.11
+  reading), positions r_j = j, pre-LN blocks, a final LayerNorm and an output layer tied to the
+  token embedding; next-token logits at every position (task ``language-model``).
 * ``flt-3d-reg`` — :class:`FLT3DRegressor`: per-atom features → D, the isotropic 3-D Gaussian-basis
   RPE of the FLT paper's Sec. 5.3 (g(ξ) = Σ_t w_t exp(−2π²σ_t²‖ξ‖²), T = 32, r = 16, learnable
   proposal stds σ_i), and an energy head (per-atom MLP, summed over the atoms, as Graphormer-3D's
@@ -138,6 +142,76 @@ class FLTSequenceClassifier(nn.Module):
         return self.head(masked_mean(self.norm(h), mask))
 
 
+class FLTLanguageModel(nn.Module):
+    """Decoder-only language model with causal attention: forward(tokens (B, L) int, mask (B, L)) ->
+    next-token logits (B, L, V) (position i predicts token i + 1 from tokens ≤ i); PyG-style:
+    forward(tokens (N,) concatenated sequences, batch=b (N,) | ptr=p (B + 1,)) -> (N, V).
+
+    Args:
+        vocab_size: V (the corpus's vocabulary, padding id 0 included).
+        dim, depth, heads, ffn_mult, dropout: the transformer (paper: :data:`PAPER_LM`).
+        nb_features: FAVOR+ features m; num_rpe_features: RPE frequencies r; rpe_type:
+            ``"gaussian_mixture"`` or ``"local"`` (the paper's two LM variants); num_components: T.
+        share_rpe: one RPE per head shared by all layers (the paper's LM).
+        positional: ``"none"`` (FLT: relative positions only) or ``"learned"`` absolute embedding
+            (default for mixers that do not encode positions); max_len: longest sequence then.
+        tie_embeddings: the output layer reuses the embedding matrix (plus its own bias), as in
+            fairseq's LM configurations the paper follows.
+        chunk_size: rows per causal chunk of prefix-sum mechanisms (speed/memory, not semantics).
+        attention: ``"flt"`` or another registry key with a causal mode (``"performer"``,
+            ``"full"``); a mechanism without one is refused. attention_options: extra options.
+    Padded positions (any id) are ignored; their logits are zero.
+    """
+
+    def __init__(self, vocab_size: int = 32, dim: int = 64, depth: int = 2, heads: int = 4, nb_features: int = 32,
+                 num_rpe_features: int = 16, rpe_type: str = "gaussian_mixture", num_components: int | None = None,
+                 share_rpe: bool = True, ffn_mult: int = 4, dropout: float = 0.0, positional: str | None = None,
+                 max_len: int = 1024, tie_embeddings: bool = True, chunk_size: int = 64, attention: str = "flt",
+                 attention_options: dict | None = None):
+        super().__init__()
+        if rpe_type not in ("gaussian_mixture", "local"):
+            raise ValueError(f"rpe_type for sequences must be 'gaussian_mixture' or 'local', got {rpe_type!r}")
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
+            raise ValueError(f"vocab_size: expected an integer >= 2, got {vocab_size!r}")
+        name = _mechanism(attention, None, {})[0]
+        if positional is None:
+            positional = "none" if getattr(attention_entry(name).factory, "encodes_positions", False) else "learned"
+        if positional not in ("none", "learned"):
+            raise ValueError(f"positional must be 'none' or 'learned', got {positional!r}")
+        self.vocab_size, self.max_len = vocab_size, max_len
+        flt_options = dict(nb_features=nb_features, num_rpe_features=num_rpe_features, rpe_type=rpe_type,
+                           num_components=num_components, coord_dim=1, causal=True, chunk_size=chunk_size)
+        self.embed = nn.Embedding(vocab_size, dim)
+        nn.init.normal_(self.embed.weight, std=dim ** -0.5)  # fairseq's LM embedding scale: logits O(1) at init
+        self.pos_embed = nn.Embedding(max_len, dim) if positional == "learned" else None
+        self.blocks = _flt_stack(dim, depth, heads, attention, flt_options, share_rpe, ffn_mult * dim, dropout,
+                                 attention_options)
+        if not all(getattr(b.mixer, "causal", False) for b in self.blocks):
+            raise ValueError(f"attention={attention!r}: the mechanism has no causal mode (a language model needs "
+                             "one: flt, performer or full)")
+        self.drop = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(dim)
+        self.out = nn.Linear(dim, vocab_size)
+        if tie_embeddings:
+            self.out.weight = self.embed.weight
+
+    @accepts_flat_inputs(1, per_point=True)
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        tokens, mask = check_token_inputs(tokens, mask, vocab_size=self.vocab_size,
+                                          max_len=self.max_len if self.pos_embed is not None else None,
+                                          who=type(self).__name__)
+        B, N = tokens.shape
+        h = self.embed(tokens)
+        if self.pos_embed is not None:
+            h = h + self.pos_embed.weight[:N]
+        keep = mask.unsqueeze(-1)
+        h = self.drop(h).masked_fill(~keep, 0.0)
+        pos = torch.arange(N, device=tokens.device, dtype=h.dtype).view(1, N, 1).expand(B, N, 1)
+        for blk in self.blocks:
+            h = blk(h, pos, mask)
+        return self.out(self.norm(h)).masked_fill(~keep, 0.0)
+
+
 class FLT3DRegressor(nn.Module):
     """FLT regressor of a per-structure scalar (energy) from 3-D point sets.
 
@@ -190,6 +264,12 @@ class FLT3DRegressor(nn.Module):
 def flt_seq(**options) -> FLTSequenceClassifier:
     """FLT sequence classifier with the 1-D learned-Fourier RPE (paper LM options: :data:`PAPER_LM`)."""
     return FLTSequenceClassifier(**options)
+
+
+@register_model("flt-lm")
+def flt_lm(**options) -> FLTLanguageModel:
+    """FLT causal language model with the 1-D learned-Fourier RPE (paper: :data:`PAPER_LM`, WikiText-103)."""
+    return FLTLanguageModel(**options)
 
 
 @register_model("flt-3d-reg")

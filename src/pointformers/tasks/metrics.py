@@ -13,6 +13,8 @@
   after one EM step started from the predicted parameters (:func:`em_step`, "LL1/data").
 * Regression (FLT on OC20, Peptides-struct): :func:`mean_absolute_error` and
   :func:`energy_within_threshold` (EwT).
+* Language modelling (FLT on WikiText-103): :func:`perplexity`, exp of the mean negative
+  log-likelihood in nats per predicted token (:func:`token_nll` sums it over batches).
 
 Every function rejects malformed input with a ``ValueError`` naming the argument.
 """
@@ -26,7 +28,8 @@ import torch
 __all__ = [
     "as_labels", "overall_accuracy", "accuracy", "mean_class_accuracy", "restricted_part_predictions",
     "shape_part_ious", "part_segmentation_mious", "MixtureParams", "mixture_log_likelihood",
-    "em_step", "clustering_log_likelihoods", "mean_absolute_error", "energy_within_threshold",
+    "em_step", "clustering_log_likelihoods", "mean_absolute_error", "energy_within_threshold", "token_nll",
+    "perplexity",
 ]
 
 
@@ -351,3 +354,37 @@ def energy_within_threshold(pred, target, threshold: float = 0.02) -> float:
         raise ValueError(f"threshold: must be > 0, got {threshold!r}")
     p, t = _reg_pair(pred, target)
     return float(((p - t).abs() < threshold).double().mean())
+
+
+def token_nll(logits, target, mask=None) -> tuple[float, int]:
+    """(Σ −log softmax(logits)[target], number of tokens) over the positions where ``mask``.
+
+    logits: (..., V) scores; target: (...) integer ids in [0, V); mask: (...) bool or None (all).
+    The sum is accumulated in float64 so that batches add up exactly enough for a perplexity."""
+    lg = _tensor("logits", logits)
+    if lg.dim() < 1 or lg.shape[-1] < 1 or lg.dtype == torch.bool or lg.is_complex():
+        raise ValueError(f"logits: expected real scores (..., V), got {lg.dtype} {tuple(lg.shape)}")
+    t = _tensor("target", target)
+    if t.shape != lg.shape[:-1] or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"target: expected integer ids of shape {tuple(lg.shape[:-1])}, got {t.dtype} {tuple(t.shape)}")
+    m = torch.ones_like(t, dtype=torch.bool) if mask is None else _tensor("mask", mask)
+    if m.dtype != torch.bool or m.shape != t.shape:
+        raise ValueError(f"mask: expected bool of shape {tuple(t.shape)}, got {m.dtype} {tuple(m.shape)}")
+    lg, t = lg[m].double(), t[m].long()
+    if t.numel() == 0:
+        return 0.0, 0
+    if int(t.min()) < 0 or int(t.max()) >= lg.shape[-1]:
+        raise ValueError(f"target: ids must lie in [0, {lg.shape[-1]}), got [{int(t.min())}, {int(t.max())}]")
+    if not bool(torch.isfinite(lg).all()):
+        raise ValueError("logits: contain NaN or inf at real positions")
+    nll = torch.logsumexp(lg, -1) - lg.gather(-1, t[:, None]).squeeze(-1)
+    return float(nll.sum()), int(t.numel())
+
+
+def perplexity(logits, target, mask=None) -> float:
+    """exp(mean NLL per token) of next-token ``logits`` (..., V) for ``target`` (...) where ``mask``
+    (FLT Table 1's metric; a uniform model over V words has perplexity V)."""
+    total, n = token_nll(logits, target, mask)
+    if n == 0:
+        raise ValueError("mask: selects no token; perplexity needs at least one")
+    return math.exp(total / n)
