@@ -95,7 +95,8 @@ SAME_TRAIN = [
     ["part-segmentation-sft-partseg", "part-segmentation-full-partseg", "part-segmentation-mlp-partseg"],
     ["listops-samsa-seq", "listops-full-seq", "listops-mlp-seq"],
     ["pair-potential-flt-3d-reg", "pair-potential-full-3d-reg", "pair-potential-mlp-3d-reg"],
-    ["language-model-flt", "language-model-performer", "language-model-full", "language-model-mlp"],
+    ["language-model-flt", "language-model-flt-local", "language-model-performer", "language-model-full",
+     "language-model-mlp"],
     ["clustering-set-isab-pma-sampled", "clustering-set-isab-pma", "clustering-set-sab-pma", "clustering-mlp-set"],
 ]
 

@@ -1,0 +1,226 @@
+"""One task's configs side by side on several seeds: the ``task-<task>`` section of docs/results.md.
+
+Every config is trained once per seed with its own ``train`` section and scored on the test split
+at its best validation epoch (:func:`.point_results.train_config`); the table shows each test
+metric as mean ± std over seeds. Claims, decided by :mod:`.seed_rule` (at least three seeds; a
+difference counts only beyond the seeds' spread):
+
+* the task needs attention: the attention-free baseline (``--baseline``, an MLP with pooling) is
+  worse than full attention (``--reference``) beyond the spread -- for a generated stand-in data
+  set this is the check that it really asks for long-range mixing;
+* each other config against the reference: better, worse or within the spread, with its numbers.
+
+The paper's own numbers for the task (:data:`PAPER_NOTES`) are printed beside the table with what
+differs. ``--reuse`` merges the rows of earlier runs (e.g. configs or seeds trained in parallel
+processes) instead of training.
+
+    python -m pointformers.bench.task_results --configs configs/language-model-{flt,performer,full,mlp}.yaml \\
+        --baseline language-model-mlp --reference language-model-full --threads 1 --out RUNS --write docs/results.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .harness import machine, recorded_command, write_section
+from .seed_rule import MIN_SEEDS, compare, mean_std, spread
+
+__all__ = ["PAPER_NOTES", "run_configs", "task_markdown", "task_claims", "run_task_results", "main"]
+
+#: What each task's paper reports, for the reader to set beside the table (and what differs).
+PAPER_NOTES: dict[str, str] = {
+    "language-model": (
+        "The FLT paper's Table 1 (WikiText-103 validation perplexity; 6 layers of width 512, 150k steps of 64 × 512 "
+        "tokens): Performer 31.1, FLT with the Gaussian-mixture RPE 30.3, FLT with the local RPE 30.1 (no softmax "
+        "or attention-free row). Here: the generated WikiText-like corpus (200k training tokens, 1,189 words), 2 "
+        "layers of width 128, 294 steps of 16 × 256 tokens, test perplexity; the numbers are not comparable with "
+        "the paper's, only the order of the rows is."),
+}
+
+
+def _stem(path: str) -> str:
+    return Path(path).stem
+
+
+def run_configs(configs: Sequence[str], seeds: Sequence[int], overrides: Sequence[str] = (),
+                out_dir: str | os.PathLike = "runs/task-results",
+                log: Callable[[str], None] | None = print) -> list[dict[str, Any]]:
+    """Train every config once per seed (:func:`.point_results.train_config`); one row each."""
+    from .point_results import train_config
+
+    if not configs or not seeds:
+        raise ValueError("configs/seeds: need at least one config and one seed")
+    tasks = set()
+    for c in configs:
+        if not Path(c).is_file():
+            raise ValueError(f"configs: no such file {c!r}")
+        from ..engine.config import load_config
+
+        tasks.add(load_config(c)["task"]["name"])
+    if len(tasks) != 1:
+        raise ValueError(f"configs: expected configs of one task, got tasks {sorted(tasks)}")
+    cache: dict = {}
+    return [train_config(c, s, overrides, out_dir, data_cache=cache, log=log) for c in configs for s in seeds]
+
+
+def _groups(rows: Sequence[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["stem"], []).append(r)
+    return {k: sorted(v, key=lambda r: r["seed"]) for k, v in out.items()}
+
+
+def _fmt(key: str, vals: list[float]) -> str:
+    if "acc" in key or key in ("oa", "macc", "ap", "auc"):
+        return mean_std([100 * v for v in vals], ".1f") + " %"
+    return mean_std(vals, ".2f" if key == "perplexity" else ".3f")
+
+
+def task_markdown(rows: Sequence[dict], seeds: Sequence[int], overrides: Sequence[str], seconds: float,
+                  task: str) -> str:
+    """The section's table (and the paper's note) from the rows of :func:`run_configs`."""
+    groups = _groups(rows)
+    metric = rows[0]["metric"]
+    keys = [metric] + sorted(k for k in rows[0]["test"] if k != metric)
+    lines = [f"Machine: {machine()}; CPU, one process. Seeds: {', '.join(map(str, seeds))} (each config trained once "
+             f"per seed with its config's `train` section; test split at the best validation epoch; mean ± std over "
+             f"seeds). Total time {seconds / 60:.1f} min."
+             + (f" Overrides: `{' '.join(overrides)}`." if overrides else ""), "",
+             "| config | model | params | " + " | ".join(f"test {k}" for k in keys) + " | train s (mean) | seeds |",
+             "|---|---|---|" + "---|" * len(keys) + "---|---|"]
+    for stem, g in groups.items():
+        cells = [f"`{stem}`", g[0]["model"], str(g[0]["params"])]
+        cells += [_fmt(k, [r["test"][k] for r in g]) for k in keys]
+        cells += [f"{statistics.fmean(r['train_s'] for r in g):.0f}", ", ".join(str(r["seed"]) for r in g)]
+        lines.append("| " + " | ".join(cells) + " |")
+    if task in PAPER_NOTES:
+        lines += ["", PAPER_NOTES[task]]
+    return "\n".join(lines)
+
+
+def task_claims(rows: Sequence[dict], baseline: str | None, reference: str | None, mode: str) -> list[str]:
+    """The claims of the module doc as lines ``"HOLDS: …"`` / ``"DOES NOT HOLD: …"`` / ``"UNDECIDED …"``."""
+    groups = _groups(rows)
+    metric = rows[0]["metric"]
+    vals = {s: [r["test"][metric] for r in g] for s, g in groups.items()}
+    better = (lambda a, b: compare(a, b)) if mode == "max" else (lambda a, b: compare(b, a))  # "a better than b"
+    out = []
+
+    def show(s: str) -> str:
+        return f"{s} {_fmt(metric, vals[s])}"
+
+    if reference is not None and reference not in vals:
+        raise ValueError(f"reference: {reference!r} is not among the configs ({', '.join(vals)})")
+    if baseline is not None and baseline not in vals:
+        raise ValueError(f"baseline: {baseline!r} is not among the configs ({', '.join(vals)})")
+    if baseline and reference:
+        o = better(vals[reference], vals[baseline])
+        label = {"holds": "HOLDS", "undecided": f"UNDECIDED (fewer than {MIN_SEEDS} seeds)"}.get(o, "DOES NOT HOLD")
+        out.append(f"{label}: the task needs attention -- {show(reference)} is better than the attention-free "
+                   f"{show(baseline)} beyond the seeds' spread ({spread(vals[reference], vals[baseline]):.3g}; "
+                   f"test {metric}, {'higher' if mode == 'max' else 'lower'} is better).")
+    if reference:
+        for s in vals:
+            if s in (reference, baseline):
+                continue
+            up, down = better(vals[s], vals[reference]), better(vals[reference], vals[s])
+            if "undecided" in (up, down):
+                what = f"undecided (fewer than {MIN_SEEDS} seeds)"
+            elif up == "holds":
+                what = "better than the reference beyond the spread"
+            elif down == "holds":
+                what = "worse than the reference beyond the spread"
+            else:
+                what = "within the seeds' spread of the reference"
+            out.append(f"- {show(s)} against {show(reference)}: {what} "
+                       f"(spread {spread(vals[s], vals[reference]):.3g}).")
+    return out
+
+
+def run_task_results(configs: Sequence[str], seeds: Sequence[int] = (42, 43, 44), overrides: Sequence[str] = (),
+                     baseline: str | None = None, reference: str | None = None,
+                     out_dir: str | os.PathLike = "runs/task-results", doc: str | None = None,
+                     reuse: Sequence[str | os.PathLike] | None = None, command: str | None = None,
+                     log: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """Train (or ``reuse``), write ``out_dir/task-results-<task>.json`` and optionally the section of ``doc``."""
+    from ..engine import write_json
+    from ..engine.config import load_config
+    from ..tasks.registry import get_task
+
+    say = log or (lambda s: None)
+    t0 = time.perf_counter()
+    if reuse:
+        merged: dict[tuple, dict] = {}
+        seed_set: list[int] = []
+        for f in reuse:
+            try:
+                earlier = json.loads(Path(f).read_text())
+                for r in earlier["rows"]:
+                    merged[(r["stem"], r["seed"])] = r
+                seed_set += [s for s in earlier["seeds"] if s not in seed_set]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"reuse: {str(f)!r} is not a readable task-results JSON ({exc})") from None
+        rows, seeds = list(merged.values()), sorted(seed_set)
+        if configs:  # keep the configs named, in their order
+            order = [_stem(c) for c in configs]
+            rows = sorted((r for r in rows if r["stem"] in order), key=lambda r: (order.index(r["stem"]), r["seed"]))
+        if not rows:
+            raise ValueError("reuse: no rows of the configs named")
+        task = rows[0].get("task") or load_config(rows[0]["config"])["task"]["name"]
+    else:
+        rows = run_configs(configs, seeds, overrides, out_dir, say)
+        task = load_config(configs[0])["task"]["name"]
+        for r in rows:
+            r["task"] = task
+    mode = get_task(task).mode
+    md = task_markdown(rows, seeds, overrides, time.perf_counter() - t0, task)
+    claims = task_claims(rows, baseline, reference, mode)
+    for c in claims:
+        say(c)
+    if claims:
+        md += "\n\n" + "\n".join(claims)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    write_json(Path(out_dir) / f"task-results-{task}.json",
+               {"machine": machine(), "task": task, "seeds": list(seeds), "rows": rows, "claims": claims})
+    if doc is not None:
+        cmd = command or recorded_command("pointformers.bench.task_results", sys.argv[1:])
+        if not os.path.exists(doc):
+            Path(doc).parent.mkdir(parents=True, exist_ok=True)
+            Path(doc).write_text("# Results\n")
+        write_section(doc, f"task-{task}", md, cmd)
+        say(f"wrote section task-{task} of {doc}")
+    return {"task": task, "rows": rows, "claims": claims, "markdown": md}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pointformers.bench.task_results", description=__doc__.split("\n")[0])
+    p.add_argument("--configs", nargs="+", required=True, help="configs of one task")
+    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of every config")
+    p.add_argument("--baseline", default=None, help="stem of the attention-free config")
+    p.add_argument("--reference", default=None, help="stem of the full-attention config")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--out", default="runs/task-results")
+    p.add_argument("--write", default=None, metavar="DOC", help="markdown file whose task-<task> section to update")
+    p.add_argument("--reuse", nargs="+", default=None, metavar="JSON",
+                   help="take the rows from earlier task-results JSON files instead of training")
+    a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if a.threads is not None:
+        torch.set_num_threads(a.threads)
+    try:
+        run_task_results(a.configs, a.seeds, a.set, a.baseline, a.reference, a.out, a.write, a.reuse)
+    except ValueError as exc:
+        p.error(str(exc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
