@@ -24,6 +24,7 @@ OPTIONS = {
     "pileup-encoder": dict(attention="full", heads=2, n_layers=1, **TRACKING),
     "tracking-edgeconv": GNN, "tracking-gravnet": GNN,
     "flt-seq": {}, "full-seq": {}, "mlp-seq": {}, "samsa-seq": {},
+    "flt-vit": {}, "performer-vit": {}, "full-vit": {}, "mlp-vit": {},
     "flt-lm": {"chunk_size": 4}, "performer-lm": {"chunk_size": 4}, "full-lm": {}, "mlp-lm": {},
     "mlp-set": {}, "set-isab-pma": {}, "set-isab-pma-sampled": {}, "set-sab-pma": {},
     "point-mae-cls": {"attention": "sampled"},
@@ -69,7 +70,8 @@ def _inputs(name, model, sizes=SIZES, seed=0):
     in_dim = getattr(model, "in_dim", None)
     if in_dim is None:
         in_dim = model.encoder.in_dim
-    clouds = [(rand(n, in_dim) if in_dim else None, torch.rand(n, 3, generator=g, dtype=torch.float64))
+    pos_dim = getattr(model, "coord_dim", 3) if name.endswith("-vit") else 3   # image patches: their index
+    clouds = [(rand(n, in_dim) if in_dim else None, torch.rand(n, pos_dim, generator=g, dtype=torch.float64))
               for n in sizes]
     return clouds, (0.5, 0.5), "partseg" in name
 

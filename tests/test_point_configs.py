@@ -13,7 +13,8 @@ from pointformers.tasks import metrics
 from pointformers.tasks.registry import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
-TASKS = ("shape-classification", "part-segmentation", "listops", "clustering", "pair-potential", "language-model")
+TASKS = ("shape-classification", "part-segmentation", "listops", "clustering", "pair-potential", "language-model",
+         "image-classification")
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if p.name.startswith(TASKS))
 #: (task, model) pairs the issue asks configs for.
 PAIRS = {"shape-classification": ["sft-cls", "sft-ri-cls", "samsa-cls", "sampled-cls", "sampled-hier-cls", "full-cls",
@@ -22,7 +23,8 @@ PAIRS = {"shape-classification": ["sft-cls", "sft-ri-cls", "samsa-cls", "sampled
          "listops": ["samsa-seq", "flt-seq", "full-seq", "mlp-seq"],
          "clustering": ["set-isab-pma", "set-isab-pma-sampled", "set-sab-pma", "mlp-set"],
          "pair-potential": ["flt-3d-reg", "full-3d-reg", "mlp-3d-reg"],
-         "language-model": ["flt-lm", "performer-lm", "full-lm", "mlp-lm"]}
+         "language-model": ["flt-lm", "performer-lm", "full-lm", "mlp-lm"],
+         "image-classification": ["flt-vit", "performer-vit", "full-vit", "mlp-vit"]}
 
 
 def tiny_overrides(task: str, cache: str) -> list[str]:
@@ -33,6 +35,8 @@ def tiny_overrides(task: str, cache: str) -> list[str]:
     if task == "part-segmentation":
         return common + ["data.preset=tiny", "data.classes=[mug, lamp]", "data.per_class=[2, 1, 1]",
                          "data.num_points=32", "data.mini_batch=2"]
+    if task == "image-classification":  # the digits ship with scikit-learn: small already
+        return ["train.epochs=1", "data.mini_batch=8"]
     if task == "language-model":
         return common + ["data.preset=tiny", "data.block_len=32", "data.mini_batch=3"]
     return common + ["data.preset=tiny", "data.mini_batch=3"]
@@ -95,6 +99,8 @@ SAME_TRAIN = [
     ["part-segmentation-sft-partseg", "part-segmentation-full-partseg", "part-segmentation-mlp-partseg"],
     ["listops-samsa-seq", "listops-full-seq", "listops-mlp-seq"],
     ["pair-potential-flt-3d-reg", "pair-potential-full-3d-reg", "pair-potential-mlp-3d-reg"],
+    ["image-classification-flt", "image-classification-performer", "image-classification-full",
+     "image-classification-mlp"],
     ["language-model-flt", "language-model-flt-local", "language-model-performer", "language-model-full",
      "language-model-mlp"],
     ["clustering-set-isab-pma-sampled", "clustering-set-isab-pma", "clustering-set-sab-pma", "clustering-mlp-set"],

@@ -67,6 +67,18 @@ def flt_flops(m: "FLTAttention", n: int, dim: int, pos_dim: int | None = None) -
     return f.add("attention", H * favor_products(n, d, m.nb_features))
 
 
+def relu_feature_attention(qh: torch.Tensor, kh: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
+                           mask: torch.Tensor) -> torch.Tensor:
+    """Normalised linear attention with the learnable ReLU features ϕ(x) = ReLU(W x) (FLT's ViT):
+    Σ_j ϕ(q̂_i)·ϕ(k̂_j) v_j / (Σ_j ϕ(q̂_i)·ϕ(k̂_j) + 1e-6) over real keys j (a query whose features
+    meet no key's gets ~0). qh, kh (B, H, N, D); v (B, H, N, d); w (m, D); mask (B, N) -> (B, H, N, d)."""
+    qf = torch.relu(qh @ w.T)
+    kf = torch.relu(kh @ w.T).masked_fill(~mask[:, None, :, None], 0.0)
+    num = qf @ (kf.transpose(-1, -2) @ v)
+    den = qf @ kf.sum(-2).unsqueeze(-1)
+    return num / (den + 1e-6)
+
+
 @register("flt", flops=flt_flops,
           bench={"nb_features": 256, "num_rpe_features": 32, "rpe_type": "gaussian_basis"})
 class FLTAttention(TokenMixer):
@@ -97,6 +109,11 @@ class FLTAttention(TokenMixer):
         complex_g: learn an imaginary part of g (Gaussian mixture only), so f may be asymmetric.
         causal: query i attends to keys j ≤ i in index order (chunked prefix sums).
         chunk_size: rows per causal chunk (memory O(chunk² + chunk·m + m·d) per chunk).
+        feature_map: "favor" (default: FAVOR+ positive random features, Ω fixed, so that
+            ϕ(q̂)·ϕ(k̂) estimates exp(N̂ + q·k/√d)) or "relu" (the paper's ViT, Sec. 5.2: the
+            learnable ReLU map ϕ(x) = ReLU(W x), W ∈ ℝ^{m×(d+2r)} a parameter of the layer shared by
+            its heads; the RPE then enters as extra inputs of a learned kernel, no longer as exp(N̂);
+            non-causal only).
         redraw: resampling policy of Ω in training ("never" | "every_forward_in_training" |
             int N), default "never".
         redraw_rpe: the same for the RPE noise ε (ξ = s·ε), default "never" (where the paper is silent on redrawing ξ, we keep it fixed:
@@ -130,8 +147,12 @@ class FLTAttention(TokenMixer):
                  learn_proposal: bool | None = None, complex_g: bool = False, causal: bool = False,
                  chunk_size: int = 128, redraw: str | int = "never", redraw_rpe: str | int = "never",
                  seed: int | None = None, generator: torch.Generator | None = None, bias: bool = False,
-                 exact: bool = False, dropout: float = 0.0):
+                 exact: bool = False, feature_map: str = "favor", dropout: float = 0.0):
         super().__init__(dim, heads, dropout)
+        if feature_map not in ("favor", "relu"):
+            raise ValueError(f"feature_map must be 'favor' or 'relu', got {feature_map!r}")
+        if feature_map == "relu" and causal:
+            raise ValueError("feature_map='relu' (the paper's ViT map) is non-causal; causal=True needs 'favor'")
         if rpe_type not in RPE_TYPES:
             raise ValueError(f"rpe_type must be one of {RPE_TYPES}, got {rpe_type!r}")
         T = _DEFAULT_T[rpe_type] if num_components is None else num_components
@@ -149,6 +170,7 @@ class FLTAttention(TokenMixer):
         self.nb_features, self.num_rpe_features, self.num_components = nb_features, num_rpe_features, T
         self.rpe_type, self.coord_dim, self.complex_g = rpe_type, ell, bool(complex_g)
         self.causal, self.chunk_size, self.exact = bool(causal), chunk_size, bool(exact)
+        self.feature_map = feature_map
         H, r, d = heads, num_rpe_features, self.head_dim
 
         self._init_projections(H * d, bias)
@@ -173,6 +195,8 @@ class FLTAttention(TokenMixer):
             self.log_proposal_std = nn.Parameter(log_s)  # σ_i per (head, frequency), as in the paper's OC20 setup
         else:
             self.register_buffer("log_proposal_std", log_s)
+        # the learnable ReLU feature map's W (after the spectrum: _reset_own_parameters draws in this order)
+        self.feature_w = (nn.Parameter(self._initial_feature_w(generator)) if feature_map == "relu" else None)
 
         master = resolve_seed(seed, generator)
         self.omega = OrthogonalFeatures(nb_features, d + 2 * r, redraw, master, stream=0)
@@ -202,6 +226,11 @@ class FLTAttention(TokenMixer):
             init["rpe_sigma_raw"] = _inv_softplus(sigma).float()
         return init, s0
 
+    def _initial_feature_w(self, generator: torch.Generator | None) -> torch.Tensor:
+        """W (m, d + 2r) of the ReLU feature map, N(0, 1/(d + 2r)) (our init; the paper gives none)."""
+        D = self.head_dim + 2 * self.num_rpe_features
+        return (torch.randn(self.nb_features, D, generator=generator, dtype=torch.float64) * D ** -0.5).float()
+
     def _reset_own_parameters(self) -> None:
         """Re-draw the spectrum's parameters (:meth:`_initial_spectrum`, the constructor's formulas
         and draw order) and, with ``learn_proposal``, set ``log_proposal_std`` back to log s0, in
@@ -216,6 +245,8 @@ class FLTAttention(TokenMixer):
                 getattr(self, name).copy_(value)
             if self.learn_proposal:
                 self.log_proposal_std.fill_(math.log(s0))
+            if self.feature_w is not None:
+                self.feature_w.copy_(self._initial_feature_w(None))
 
     # ------------------------------------------------------------------ the learned spectrum
     def _sigma(self, dtype: torch.dtype) -> torch.Tensor:
@@ -348,7 +379,10 @@ class FLTAttention(TokenMixer):
         mask = self.check(x, pos, mask)
         omega, eps = self.omega(), self.rpe_noise()  # apply the redraw policies (training only)
         qh, kh, v = self.augmented_qkv(x, pos, mask, eps)
-        o = favor_attention(qh, kh, v, omega, mask, causal=self.causal, chunk_size=self.chunk_size)
+        if self.feature_w is not None:
+            o = relu_feature_attention(qh, kh, v, self.feature_w.to(qh.dtype), mask)
+        else:
+            o = favor_attention(qh, kh, v, omega, mask, causal=self.causal, chunk_size=self.chunk_size)
         return self.merge_heads(o, mask, x.dtype)
 
     def exact_attention(self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None
@@ -370,5 +404,6 @@ class FLTAttention(TokenMixer):
         return (f"dim={self.dim}, heads={self.heads}, head_dim={self.head_dim}, nb_features={self.nb_features}, "
                 f"num_rpe_features={self.num_rpe_features}, rpe_type={self.rpe_type!r}, "
                 f"num_components={self.num_components}, coord_dim={self.coord_dim}, causal={self.causal}"
+                + (f", feature_map={self.feature_map!r}" if self.feature_map != "favor" else "")
                 + (", exact=True" if self.exact else "")
                 + (f", dropout={self.out_dropout.p}" if self.out_dropout.p > 0 else ""))

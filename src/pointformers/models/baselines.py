@@ -10,6 +10,8 @@ Full-attention twins — the same architecture as the efficient model with the `
   same learned RPE (``flt_exact``: plain ``full`` would not see the geometry at all),
 * ``full-lm`` / ``performer-lm`` = ``flt-lm`` layout with causal softmax attention / causal FAVOR+
   (the FLT paper's Table 1 rows; both with a learned absolute position embedding, FLT without),
+* ``full-vit`` / ``performer-vit`` = ``flt-vit`` layout with softmax attention / FAVOR+ (learned
+  absolute positions of the patches),
 * sets: ``set-sab-pma`` (:mod:`.set_models`).
 
 Any efficient model also takes ``attention="full"`` directly (e.g. ``build("sampled-cls",
@@ -26,6 +28,8 @@ MLP + pooling baselines ("no attention"):
 * ``mlp-lm`` — :class:`PrefixMeanLanguageModel`: token embedding (+ learned position), a per-token MLP
   on [h_i, mean of h_j over j ≤ i] (causal mean pooling: the document's bag of words so far, no
   attention), next-token logits tied to the embedding.
+* ``mlp-vit`` — :class:`PatchMLPClassifier`: patch embedding + learned position, per-patch MLP,
+  masked mean pool, MLP head.
 * ``mlp-3d-reg`` — :class:`PointMLPRegressor`, DeepSets ρ(Σ φ(x_i, p_i − p̄)): translation-invariant.
 * ``mlp-set`` — :class:`SetMLPClusterer`, Set Transformer's "rFF + Pooling": per-point rFF, mean
   pool, MLP decoder to the k mixture components.
@@ -41,7 +45,7 @@ from torch import nn
 from ..data.batch import accepts_flat_batch, accepts_flat_inputs
 from ..nn.model_inputs import check_point_inputs, check_token_inputs
 from ..nn.pooling import masked_max, masked_mean, masked_sum
-from .flt_models import FLT3DRegressor, FLTLanguageModel
+from .flt_models import FLT3DRegressor, FLTImageClassifier, FLTLanguageModel
 from .registry import register_model
 from .samsa_models import SAMSASequenceClassifier
 from .set_models import Mixture, MixtureHead, check_set_inputs
@@ -190,6 +194,29 @@ class PrefixMeanLanguageModel(nn.Module):
         return self.out(self.norm(y + h)).masked_fill(~keep, 0.0)
 
 
+class PatchMLPClassifier(nn.Module):
+    """Patch embedding (+ learned position of the patch index) → per-patch MLP → masked mean → MLP head:
+    forward(x (B, P, F), pos (B, P, ℓ), mask) -> (B, C) (``pos`` only checked: the positions enter
+    through the index embedding); PyG-style: forward(x (N, F), pos (N, ℓ), batch=b | ptr=p)."""
+
+    def __init__(self, in_dim: int = 4, num_classes: int = 10, dim: int = 64, widths: tuple[int, ...] = (64,),
+                 head: tuple[int, ...] = (64,), coord_dim: int = 1, max_len: int = 1024):
+        super().__init__()
+        self.in_dim, self.coord_dim, self.max_len = in_dim, coord_dim, max_len
+        self.embed = nn.Linear(in_dim, dim)
+        self.pos_embed = nn.Embedding(max_len, dim)
+        self.token = point_mlp([dim, *widths])
+        self.head = mlp_head([widths[-1], *head, num_classes])
+
+    @accepts_flat_batch()
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, pos_dim=self.coord_dim, who=type(self).__name__)
+        if x.shape[1] > self.max_len:
+            raise ValueError(f"{type(self).__name__}: {x.shape[1]} patches exceed max_len={self.max_len}")
+        h = self.embed(x.masked_fill(~mask.unsqueeze(-1), 0.0)) + self.pos_embed.weight[: x.shape[1]]
+        return self.head(masked_mean(self.token(h), mask))
+
+
 class PointMLPRegressor(nn.Module):
     """DeepSets regressor ρ(Σ_i φ([x_i, p_i − p̄])): forward(x (B, N, F) | None, pos (B, N, 3), mask) -> (B,).
 
@@ -280,6 +307,18 @@ def performer_lm(**options) -> FLTLanguageModel:
     return FLTLanguageModel(**{"attention": "performer", **options})
 
 
+@register_model("full-vit")
+def full_vit(**options) -> FLTImageClassifier:
+    """``flt-vit`` layout with softmax attention (and learned absolute positions)."""
+    return FLTImageClassifier(**{"attention": "full", **options})
+
+
+@register_model("performer-vit")
+def performer_vit(**options) -> FLTImageClassifier:
+    """``flt-vit`` layout with FAVOR+ (Performer; learned absolute positions, no RPE)."""
+    return FLTImageClassifier(**{"attention": "performer", **options})
+
+
 # ---------------------------------------------------------------------------------------- MLPs
 @register_model("mlp-cls")
 def mlp_cls(**options) -> PointMLPClassifier:
@@ -303,6 +342,12 @@ def mlp_seq(**options) -> SequenceMLPClassifier:
 def mlp_lm(**options) -> PrefixMeanLanguageModel:
     """Embedding + causal mean pooling + per-token MLP language model (no attention)."""
     return PrefixMeanLanguageModel(**options)
+
+
+@register_model("mlp-vit")
+def mlp_vit(**options) -> PatchMLPClassifier:
+    """Patch embedding + per-patch MLP + mean-pool image classifier (no attention)."""
+    return PatchMLPClassifier(**options)
 
 
 @register_model("mlp-3d-reg")

@@ -14,6 +14,10 @@ O(N) time.
   causal FLT attention (chunked prefix sums; FLT never describes its causal form, the spec's §9.11
   reading), positions r_j = j, pre-LN blocks, a final LayerNorm and an output layer tied to the
   token embedding; next-token logits at every position (task ``language-model``).
+* ``flt-vit`` — :class:`FLTImageClassifier`: the paper's ViT (Sec. 5.2): patch tokens, positions
+  r_j = j (raster index, ℓ = 1) or (row, column) (ℓ = 2), the Gaussian-mixture RPE (T = 25) and
+  the learnable ReLU feature map (``feature_map="relu"``), mean pooling, a linear head (task
+  ``image-classification``). Paper sizes: :data:`PAPER_VIT`.
 * ``flt-3d-reg`` — :class:`FLT3DRegressor`: per-atom features → D, the isotropic 3-D Gaussian-basis
   RPE of the FLT paper's Sec. 5.3 (g(ξ) = Σ_t w_t exp(−2π²σ_t²‖ξ‖²), T = 32, r = 16, learnable
   proposal stds σ_i), and an energy head (per-atom MLP, summed over the atoms, as Graphormer-3D's
@@ -49,6 +53,10 @@ from .registry import register_model
 
 #: WikiText-103 LM settings (FLT paper, App. B.1), to combine with ``vocab_size``/``num_classes``.
 PAPER_LM = dict(dim=512, depth=6, heads=8, nb_features=64, num_rpe_features=32, ffn_mult=4, dropout=0.1)
+#: ViT settings (FLT paper, Sec. 5.2, App. B.2: 12 layers, 12 heads, FFN 3072, hidden 768 presumed (ViT-Base),
+#: Gaussian-mixture RPE with T = 25 and r = 64, learnable ReLU features with m = 128, dropout 0.1).
+PAPER_VIT = dict(dim=768, depth=12, heads=12, nb_features=128, num_rpe_features=64, num_components=25, ffn_mult=4,
+                 feature_map="relu", dropout=0.1)
 #: OC20 IS2RE settings (FLT paper, Sec. 5.3, App. B.3; T = 32 Gaussian basis functions, r = 16
 #: frequencies).
 PAPER_OC20 = dict(dim=768, depth=12, heads=48, nb_features=64, num_rpe_features=16, num_components=32,
@@ -212,6 +220,63 @@ class FLTLanguageModel(nn.Module):
         return self.out(self.norm(h)).masked_fill(~keep, 0.0)
 
 
+class FLTImageClassifier(nn.Module):
+    """ViT-style classifier of patch tokens: forward(x (B, P, F) patch pixels, pos (B, P, ℓ) patch
+    positions, mask (B, P)) -> logits (B, C); PyG-style: forward(x (N, F), pos (N, ℓ), batch=b | ptr=p).
+
+    Args:
+        in_dim: F = p·p·C values per patch; num_classes: C.
+        dim, depth, heads, ffn_mult, dropout: the transformer (paper: :data:`PAPER_VIT`).
+        nb_features: m; num_rpe_features: r; num_components: T (default 25, the paper's ViT);
+        rpe_type: "gaussian_mixture" (the paper's ViT) or "local"; coord_dim: ℓ of ``pos``.
+        feature_map: "relu" (the paper's learnable ReLU map) or "favor".
+        share_rpe: one RPE per head shared by the layers (the paper is silent for ViT; its < 0.03M
+            RPE-parameter budget reads as sharing).
+        positional: "none" (FLT) or "learned" absolute embedding of the token index (default for
+            mixers that do not encode positions); max_len: most patches then.
+        attention: "flt" or another registry key (``performer-vit``, ``full-vit`` are the twins).
+    No class token: the paper does not say; mean pooling over the patches (the spec's suggestion).
+    """
+
+    def __init__(self, in_dim: int = 4, num_classes: int = 10, dim: int = 64, depth: int = 2, heads: int = 4,
+                 nb_features: int = 32, num_rpe_features: int = 16, num_components: int | None = 25,
+                 rpe_type: str = "gaussian_mixture", coord_dim: int = 1, feature_map: str = "relu",
+                 share_rpe: bool = True, ffn_mult: int = 4, dropout: float = 0.0, positional: str | None = None,
+                 max_len: int = 1024, attention: str = "flt", attention_options: dict | None = None):
+        super().__init__()
+        if rpe_type not in ("gaussian_mixture", "local"):
+            raise ValueError(f"rpe_type for images must be 'gaussian_mixture' or 'local', got {rpe_type!r}")
+        name = _mechanism(attention, None, {})[0]
+        if positional is None:
+            positional = "none" if getattr(attention_entry(name).factory, "encodes_positions", False) else "learned"
+        if positional not in ("none", "learned"):
+            raise ValueError(f"positional must be 'none' or 'learned', got {positional!r}")
+        self.in_dim, self.coord_dim, self.max_len = in_dim, coord_dim, max_len
+        flt_options = dict(nb_features=nb_features, num_rpe_features=num_rpe_features, rpe_type=rpe_type,
+                           num_components=num_components, coord_dim=coord_dim, feature_map=feature_map)
+        self.embed = nn.Linear(in_dim, dim)
+        self.pos_embed = nn.Embedding(max_len, dim) if positional == "learned" else None
+        self.blocks = _flt_stack(dim, depth, heads, attention, flt_options, share_rpe, ffn_mult * dim, dropout,
+                                 attention_options)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    @accepts_flat_batch()
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        mask = check_point_inputs(x, pos, mask, in_dim=self.in_dim, pos_dim=self.coord_dim, who=type(self).__name__)
+        keep = mask.unsqueeze(-1)
+        h = self.embed(x.masked_fill(~keep, 0.0))
+        if self.pos_embed is not None:
+            if x.shape[1] > self.max_len:
+                raise ValueError(f"{type(self).__name__}: {x.shape[1]} patches exceed max_len={self.max_len}")
+            h = h + self.pos_embed.weight[: x.shape[1]]
+        h = h.masked_fill(~keep, 0.0)
+        pos = pos.masked_fill(~keep, 0.0)
+        for blk in self.blocks:
+            h = blk(h, pos, mask)
+        return self.head(masked_mean(self.norm(h), mask))
+
+
 class FLT3DRegressor(nn.Module):
     """FLT regressor of a per-structure scalar (energy) from 3-D point sets.
 
@@ -270,6 +335,12 @@ def flt_seq(**options) -> FLTSequenceClassifier:
 def flt_lm(**options) -> FLTLanguageModel:
     """FLT causal language model with the 1-D learned-Fourier RPE (paper: :data:`PAPER_LM`, WikiText-103)."""
     return FLTLanguageModel(**options)
+
+
+@register_model("flt-vit")
+def flt_vit(**options) -> FLTImageClassifier:
+    """FLT ViT: patch tokens, 1-D (or 2-D) learned-Fourier RPE, learnable ReLU features (paper: :data:`PAPER_VIT`)."""
+    return FLTImageClassifier(**options)
 
 
 @register_model("flt-3d-reg")

@@ -109,7 +109,8 @@ def _load_builtin() -> None:
 _BUILTIN_MODULES: list[str] = ["pointformers.tasks.tracking.spec", "pointformers.tasks.pileup",
                                "pointformers.tasks.shapes", "pointformers.tasks.listops",
                                "pointformers.tasks.clustering", "pointformers.tasks.potential",
-                               "pointformers.tasks.point_mae", "pointformers.tasks.language_model"]
+                               "pointformers.tasks.point_mae", "pointformers.tasks.language_model",
+                               "pointformers.tasks.images"]
 
 
 def available_tasks() -> list[str]:
