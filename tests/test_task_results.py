@@ -70,3 +70,9 @@ def test_bad_arguments_are_named(tmp_path):
     bad.write_text("{")
     with pytest.raises(ValueError, match="reuse: .* is not a readable"):
         tr.run_task_results([], [], reuse=[bad], out_dir=tmp_path, log=None)
+
+
+def test_the_recorded_command_is_the_training_one():
+    assert tr._without_reuse(["--configs", "a.yaml", "--reuse", "x.json", "y.json", "--out", "O"]) == \
+        ["--configs", "a.yaml", "--out", "O"]
+    assert tr._without_reuse(["--reuse=x.json", "--write", "d.md"]) == ["--write", "d.md"]
