@@ -13,6 +13,9 @@
   after one EM step started from the predicted parameters (:func:`em_step`, "LL1/data").
 * Regression (FLT on OC20, Peptides-struct): :func:`mean_absolute_error` and
   :func:`energy_within_threshold` (EwT).
+* Graph tasks (LRGB, SFT/SAMSA): :func:`multilabel_average_precision` (Peptides-func's AP: the mean over
+  labels of each label's average precision, labels without both classes skipped, as OGB's
+  ``eval_ap``) and :func:`macro_f1` (PascalVOC-sp: the unweighted mean of the per-class F1).
 * Language modelling (FLT on WikiText-103): :func:`perplexity`, exp of the mean negative
   log-likelihood in nats per predicted token (:func:`token_nll` sums it over batches).
 
@@ -29,7 +32,7 @@ __all__ = [
     "as_labels", "overall_accuracy", "accuracy", "mean_class_accuracy", "restricted_part_predictions",
     "shape_part_ious", "part_segmentation_mious", "MixtureParams", "mixture_log_likelihood",
     "em_step", "clustering_log_likelihoods", "mean_absolute_error", "energy_within_threshold", "token_nll",
-    "perplexity",
+    "perplexity", "average_precision", "multilabel_average_precision", "macro_f1",
 ]
 
 
@@ -388,3 +391,58 @@ def perplexity(logits, target, mask=None) -> float:
     if n == 0:
         raise ValueError("mask: selects no token; perplexity needs at least one")
     return math.exp(total / n)
+
+
+def average_precision(scores, target) -> float:
+    """AP of one binary label: Σ_n (R_n − R_{n−1}) P_n over the distinct score thresholds, highest
+    first (scikit-learn's ``average_precision_score``; tied scores form one threshold).
+    scores: (M,) real; target: (M,) 0/1 with at least one positive -> float in [0, 1]."""
+    s, t = _reg_pair(scores, target)
+    if not bool(((t == 0) | (t == 1)).all()):
+        raise ValueError("target: expected 0/1 labels")
+    pos = float(t.sum())
+    if pos == 0:
+        raise ValueError("target: has no positive; average precision is undefined")
+    order = torch.argsort(s, descending=True, stable=True)
+    s, t = s[order], t[order]
+    tp = torch.cumsum(t, 0)
+    last = torch.ones_like(s, dtype=torch.bool)  # the last row of every run of tied scores
+    last[:-1] = s[1:] != s[:-1]
+    tp, n = tp[last], torch.nonzero(last).flatten().double() + 1
+    precision, recall = tp / n, tp / pos
+    prev = torch.cat([recall.new_zeros(1), recall[:-1]])
+    return float(((recall - prev) * precision).sum())
+
+
+def multilabel_average_precision(scores, target) -> float:
+    """Mean over labels of :func:`average_precision` (Peptides-func, LRGB), over the labels whose
+    column has both a positive and a negative; NaN targets are unlabelled and skipped (OGB's
+    ``eval_ap``). scores, target: (M, L) -> float in [0, 1]."""
+    s, t = _tensor("scores", scores).double(), _tensor("target", target).double()
+    if s.dim() != 2 or s.shape != t.shape:
+        raise ValueError(f"scores/target: expected two (M, L) arrays of one shape, got {tuple(s.shape)} and "
+                         f"{tuple(t.shape)}")
+    aps = []
+    for j in range(t.shape[1]):
+        labelled = ~torch.isnan(t[:, j])
+        col = t[labelled, j]
+        if bool((col == 1).any()) and bool((col == 0).any()):
+            aps.append(average_precision(s[labelled, j], col))
+    if not aps:
+        raise ValueError("target: no label has both a positive and a negative; AP is undefined")
+    return float(sum(aps) / len(aps))
+
+
+def macro_f1(pred, target) -> float:
+    """Macro F1: the unweighted mean over classes of 2·TP / (2·TP + FP + FN), over the classes that
+    occur in ``target`` or in the predictions (a class with no TP, FP or FN scores 0), as
+    scikit-learn's ``f1_score(average="macro")`` (PascalVOC-sp, LRGB).
+    pred: (M,) labels or (M, C) scores; target: (M,) -> float in [0, 1]."""
+    p, t = _pair(pred, target)
+    C = int(max(int(t.max()), int(p.max()))) + 1
+    tp = torch.bincount(t[p == t], minlength=C).double()
+    fp = torch.bincount(p[p != t], minlength=C).double()
+    fn = torch.bincount(t[p != t], minlength=C).double()
+    present = (torch.bincount(t, minlength=C) + torch.bincount(p, minlength=C)) > 0
+    f1 = 2 * tp / (2 * tp + fp + fn).clamp_min(1.0)
+    return float(f1[present].mean())
