@@ -37,6 +37,7 @@ topic roughly but cannot copy a name); full attention can use all three.
 from __future__ import annotations
 
 import os
+from array import array
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -362,14 +363,14 @@ def build_vocabulary(path: str | os.PathLike, max_vocab: int | None = None) -> l
 
 def encode_token_file(path: str | os.PathLike, index: Mapping[str, int]) -> np.ndarray:
     """The words of ``path`` as ids (int32), ``<eos>`` after every line, unknown words as ``<unk>``."""
-    ids: list[int] = []
+    ids = array("i")  # 4 bytes per token (WikiText-103's 103M tokens: 0.4 GB, not a list of Python ints)
     get = index.get
     for _, words in read_token_lines(path):
-        ids.extend(get(w, UNK) for w in words)
+        ids.extend([get(w, UNK) for w in words])
         ids.append(EOS)
     if not ids:
         raise ValueError(f"{path}: the file is empty")
-    return np.asarray(ids, dtype=np.int32)
+    return np.frombuffer(ids, dtype=np.int32).copy()
 
 
 def load_wikitext(root: str | os.PathLike, splits: Sequence[str] = SPLITS, max_vocab: int | None = None,
