@@ -14,7 +14,7 @@ from pointformers.tasks.registry import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("shape-classification", "part-segmentation", "listops", "clustering", "pair-potential", "language-model",
-         "image-classification")
+         "image-classification", "lra-text")
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if p.name.startswith(TASKS))
 #: (task, model) pairs the issue asks configs for.
 PAIRS = {"shape-classification": ["sft-cls", "sft-ri-cls", "samsa-cls", "sampled-cls", "sampled-hier-cls", "full-cls",
@@ -24,7 +24,8 @@ PAIRS = {"shape-classification": ["sft-cls", "sft-ri-cls", "samsa-cls", "sampled
          "clustering": ["set-isab-pma", "set-isab-pma-sampled", "set-sab-pma", "mlp-set"],
          "pair-potential": ["flt-3d-reg", "full-3d-reg", "mlp-3d-reg"],
          "language-model": ["flt-lm", "performer-lm", "full-lm", "mlp-lm"],
-         "image-classification": ["flt-vit", "performer-vit", "full-vit", "mlp-vit"]}
+         "image-classification": ["flt-vit", "performer-vit", "full-vit", "mlp-vit"],
+         "lra-text": ["samsa-seq", "full-seq", "mlp-seq"]}
 
 
 def tiny_overrides(task: str, cache: str) -> list[str]:
@@ -39,6 +40,8 @@ def tiny_overrides(task: str, cache: str) -> list[str]:
         return ["train.epochs=1", "data.mini_batch=8"]
     if task == "language-model":
         return common + ["data.preset=tiny", "data.block_len=32", "data.mini_batch=3"]
+    if task == "lra-text":
+        return common + ["data.preset=tiny", "data.max_len=260", "data.mini_batch=3"]
     return common + ["data.preset=tiny", "data.mini_batch=3"]
 
 
@@ -99,6 +102,7 @@ SAME_TRAIN = [
     ["part-segmentation-sft-partseg", "part-segmentation-full-partseg", "part-segmentation-mlp-partseg"],
     ["listops-samsa-seq", "listops-full-seq", "listops-mlp-seq"],
     ["pair-potential-flt-3d-reg", "pair-potential-full-3d-reg", "pair-potential-mlp-3d-reg"],
+    ["lra-text-samsa", "lra-text-full", "lra-text-mlp"],
     ["image-classification-flt", "image-classification-performer", "image-classification-full",
      "image-classification-mlp"],
     ["language-model-flt", "language-model-flt-local", "language-model-performer", "language-model-full",

@@ -24,12 +24,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from ..data.listops import VOCAB, ListOpsSet
-from .metrics import accuracy
 from .minibatch import ItemPool, MiniBatch, check_mini_batch
+from .sequences import SequenceClassificationTask, token_pool
 from .registry import TaskSpec, register_task, config_section as _section, check_data_seed
 
 __all__ = ["NUM_CLASSES", "listops_pool", "load_listops_sets", "ListOpsTask", "LISTOPS_TASK"]
@@ -40,12 +38,7 @@ NUM_CLASSES = 10
 
 def listops_pool(data: ListOpsSet) -> ItemPool:
     """An :class:`ItemPool` of token sequences (ragged ``tokens`` (L_i,), padding 0) and ``labels`` (S,)."""
-    if len(data) == 0:
-        raise ValueError("data: the split has no sequences")
-    toks = [torch.from_numpy(np.asarray(t, np.int64)) for t in data.tokens]
-    return ItemPool({"tokens": toks}, {"labels": torch.from_numpy(np.asarray(data.labels, np.int64))},
-                    {"tokens": VOCAB["<pad>"]})
-
+    return token_pool(data.tokens, data.labels, VOCAB["<pad>"])
 
 
 def _params(d: Mapping[str, Any]):
@@ -100,64 +93,15 @@ def _load(cfg: Mapping[str, Any], splits: Sequence[str], progress: bool = False)
     return out
 
 
-def _check(sample: Any) -> MiniBatch:
-    if not isinstance(sample, MiniBatch) or "tokens" not in sample.pool.ragged:
-        raise ValueError(f"sample: expected a ListOps MiniBatch (from this task's load), got {type(sample).__name__}")
-    return sample
-
-
-class ListOpsTask:
-    """Cross-entropy training and accuracy of a sequence classifier on ListOps.
+class ListOpsTask(SequenceClassificationTask):
+    """Cross-entropy training and accuracy of a sequence classifier on ListOps (10 classes).
 
     Args:
         label_smoothing: of the cross-entropy (0 = plain, LRA's loss).
     """
 
     def __init__(self, label_smoothing: float = 0.0) -> None:
-        if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) \
-                or not 0 <= label_smoothing < 1:
-            raise ValueError(f"label_smoothing: expected a number in [0, 1), got {label_smoothing!r}")
-        self.label_smoothing = float(label_smoothing)
-
-    @staticmethod
-    def _logits(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        p = next(model.parameters(), None)
-        dev = p.device if p is not None else torch.device("cpu")
-        tokens, mask = batch["tokens"].to(dev), batch["mask"].to(dev)
-        logits = model(tokens, mask)
-        if not isinstance(logits, torch.Tensor) or logits.shape != (tokens.shape[0], logits.shape[-1]) \
-                or logits.dim() != 2 or logits.shape[1] < NUM_CLASSES:
-            raise ValueError(f"model: expected logits of shape ({tokens.shape[0]}, C) with C >= {NUM_CLASSES}, got "
-                             f"{tuple(getattr(logits, 'shape', ()))}; use a sequence classifier (e.g. samsa-seq)")
-        return logits
-
-    def loss(self, model: nn.Module, sample: MiniBatch, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Mean cross-entropy over the sequences of the mini-batch."""
-        batch = _check(sample).members(generator)
-        logits = self._logits(model, batch)
-        return F.cross_entropy(logits, batch["labels"].to(logits.device), label_smoothing=self.label_smoothing)
-
-    @torch.no_grad()
-    def predict(self, model: nn.Module, samples: Sequence[MiniBatch]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits (S, C) float32 on CPU, labels (S,)) of every sequence, model in eval mode."""
-        was = model.training
-        model.eval()
-        try:
-            logits, labels = [], []
-            for s in samples:
-                batch = _check(s).tensors()
-                logits.append(self._logits(model, batch).float().cpu())
-                labels.append(batch["labels"])
-        finally:
-            model.train(was)
-        if not logits:
-            raise ValueError("samples: no sequences to evaluate")
-        return torch.cat(logits), torch.cat(labels)
-
-    def evaluate(self, model: nn.Module, samples: Sequence[MiniBatch]) -> dict[str, float]:
-        """``{"accuracy", "loss"}`` over every sequence of ``samples``."""
-        logits, labels = self.predict(model, samples)
-        return {"accuracy": accuracy(logits, labels), "loss": float(F.cross_entropy(logits, labels))}
+        super().__init__(NUM_CLASSES, label_smoothing, name="ListOps")
 
 
 # ---------------------------------------------------------------------------------- registration
