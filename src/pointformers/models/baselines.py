@@ -43,9 +43,10 @@ import torch
 from torch import nn
 
 from ..data.batch import accepts_flat_batch, accepts_flat_inputs
-from ..nn.model_inputs import check_point_inputs, check_token_inputs
+from ..nn.model_inputs import check_point_inputs
 from ..nn.pooling import masked_max, masked_mean, masked_sum
-from .flt_models import FLT3DRegressor, FLTImageClassifier, FLTLanguageModel
+from .flt_models import (FLT3DRegressor, FLTImageClassifier, FLTLanguageModel, embed_tokens, output_layer,
+                         token_embedding)
 from .registry import register_model
 from .samsa_models import SAMSASequenceClassifier
 from .set_models import Mixture, MixtureHead, check_set_inputs
@@ -142,12 +143,7 @@ class SequenceMLPClassifier(nn.Module):
 
     @accepts_flat_inputs(1)
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        tokens, mask = check_token_inputs(tokens, mask, vocab_size=self.vocab_size,
-                                          max_len=self.max_len if self.pos_embed is not None else None,
-                                          who=type(self).__name__)
-        h = self.embed(tokens)
-        if self.pos_embed is not None:
-            h = h + self.pos_embed.weight[: tokens.shape[1]]
+        tokens, mask, h = embed_tokens(self, tokens, mask)
         return self.head(masked_mean(self.token(h), mask))
 
 
@@ -164,29 +160,19 @@ class PrefixMeanLanguageModel(nn.Module):
     def __init__(self, vocab_size: int = 32, dim: int = 64, widths: tuple[int, ...] = (128,), positional: bool = True,
                  max_len: int = 1024, tie_embeddings: bool = True, dropout: float = 0.0):
         super().__init__()
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
-            raise ValueError(f"vocab_size: expected an integer >= 2, got {vocab_size!r}")
         self.vocab_size, self.max_len = vocab_size, max_len
-        self.embed = nn.Embedding(vocab_size, dim)
-        nn.init.normal_(self.embed.weight, std=dim ** -0.5)  # fairseq's LM embedding scale: logits O(1) at init
+        self.embed = token_embedding(vocab_size, dim)
         self.pos_embed = nn.Embedding(max_len, dim) if positional else None
         self.mlp = point_mlp([2 * dim, *widths])
         self.drop = nn.Dropout(dropout)
         self.proj = nn.Linear(widths[-1], dim)
         self.norm = nn.LayerNorm(dim)
-        self.out = nn.Linear(dim, vocab_size)
-        if tie_embeddings:
-            self.out.weight = self.embed.weight
+        self.out = output_layer(self.embed, tie_embeddings)
 
     @accepts_flat_inputs(1, per_point=True)
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        tokens, mask = check_token_inputs(tokens, mask, vocab_size=self.vocab_size,
-                                          max_len=self.max_len if self.pos_embed is not None else None,
-                                          who=type(self).__name__)
+        tokens, mask, h = embed_tokens(self, tokens, mask)
         keep = mask.unsqueeze(-1)
-        h = self.embed(tokens)
-        if self.pos_embed is not None:
-            h = h + self.pos_embed.weight[: tokens.shape[1]]
         h = h.masked_fill(~keep, 0.0)
         count = keep.to(h.dtype).cumsum(1).clamp_min(1.0)
         prefix = h.cumsum(1) / count  # mean over the real tokens j <= i

@@ -90,6 +90,47 @@ def _flt_stack(dim: int, depth: int, heads: int, attention: str, flt_options: di
                                           dropout=dropout, ffn_dropout=0.0) for m in mixers)
 
 
+def _positional(attention: str, positional: str | None) -> str:
+    """``positional`` checked, or by default ``"none"`` where the mixer encodes the positions it is
+    given (``encodes_positions``, FLT's RPE) and ``"learned"`` otherwise."""
+    if positional is None:
+        mixer = attention_entry(_mechanism(attention, None, {})[0]).factory
+        positional = "none" if getattr(mixer, "encodes_positions", False) else "learned"
+    if positional not in ("none", "learned"):
+        raise ValueError(f"positional must be 'none' or 'learned', got {positional!r}")
+    return positional
+
+
+def embed_tokens(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor | None):
+    """Checked token ids and mask of a sequence model (``vocab_size``, ``max_len``, ``embed``,
+    ``pos_embed`` or None) and their embeddings, position rows added where the model has them:
+    tokens (B, N), mask (B, N) | None -> (tokens, mask, h (B, N, D))."""
+    tokens, mask = check_token_inputs(tokens, mask, vocab_size=model.vocab_size,
+                                      max_len=model.max_len if model.pos_embed is not None else None,
+                                      who=type(model).__name__)
+    h = model.embed(tokens)
+    if model.pos_embed is not None:
+        h = h + model.pos_embed.weight[: tokens.shape[1]]
+    return tokens, mask, h
+
+
+def token_embedding(vocab_size: int, dim: int) -> nn.Embedding:
+    """A language model's token embedding, N(0, 1/dim) (fairseq's LM scale: logits O(1) at init)."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
+        raise ValueError(f"vocab_size: expected an integer >= 2, got {vocab_size!r}")
+    embed = nn.Embedding(vocab_size, dim)
+    nn.init.normal_(embed.weight, std=dim ** -0.5)
+    return embed
+
+
+def output_layer(embed: nn.Embedding, tie: bool) -> nn.Linear:
+    """Next-token logits layer (dim -> vocab), its weight tied to ``embed`` when ``tie``."""
+    out = nn.Linear(embed.embedding_dim, embed.num_embeddings)
+    if tie:
+        out.weight = embed.weight
+    return out
+
+
 class FLTSequenceClassifier(nn.Module):
     """FLT sequence classifier. forward(tokens (B, N) int, mask (B, N)) -> logits (B, C); PyG-style:
     forward(tokens (N,) concatenated sequences, batch=b (N,) | ptr=p (B + 1,)) -> logits (B, C).
@@ -118,11 +159,7 @@ class FLTSequenceClassifier(nn.Module):
         super().__init__()
         if rpe_type not in ("gaussian_mixture", "local"):
             raise ValueError(f"rpe_type for sequences must be 'gaussian_mixture' or 'local', got {rpe_type!r}")
-        if positional is None:  # relative positions only where the mixer encodes them (FLT's RPE)
-            mixer = attention_entry(_mechanism(attention, None, {})[0]).factory
-            positional = "none" if getattr(mixer, "encodes_positions", False) else "learned"
-        if positional not in ("none", "learned"):
-            raise ValueError(f"positional must be 'none' or 'learned', got {positional!r}")
+        positional = _positional(attention, positional)  # relative positions only where the mixer encodes them
         self.vocab_size, self.max_len = vocab_size, max_len
         flt_options = dict(nb_features=nb_features, num_rpe_features=num_rpe_features, rpe_type=rpe_type,
                            num_components=num_components, coord_dim=1, causal=causal)
@@ -135,13 +172,8 @@ class FLTSequenceClassifier(nn.Module):
 
     @accepts_flat_inputs(1)
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        tokens, mask = check_token_inputs(tokens, mask, vocab_size=self.vocab_size,
-                                          max_len=self.max_len if self.pos_embed is not None else None,
-                                          who=type(self).__name__)
+        tokens, mask, h = embed_tokens(self, tokens, mask)
         B, N = tokens.shape
-        h = self.embed(tokens)
-        if self.pos_embed is not None:
-            h = h + self.pos_embed.weight[:N]
         pos = torch.arange(N, device=tokens.device, dtype=h.dtype).view(1, N, 1).expand(B, N, 1)
         keep = mask.unsqueeze(-1)
         h = h.masked_fill(~keep, 0.0)
@@ -179,18 +211,11 @@ class FLTLanguageModel(nn.Module):
         super().__init__()
         if rpe_type not in ("gaussian_mixture", "local"):
             raise ValueError(f"rpe_type for sequences must be 'gaussian_mixture' or 'local', got {rpe_type!r}")
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
-            raise ValueError(f"vocab_size: expected an integer >= 2, got {vocab_size!r}")
-        name = _mechanism(attention, None, {})[0]
-        if positional is None:
-            positional = "none" if getattr(attention_entry(name).factory, "encodes_positions", False) else "learned"
-        if positional not in ("none", "learned"):
-            raise ValueError(f"positional must be 'none' or 'learned', got {positional!r}")
+        positional = _positional(attention, positional)
         self.vocab_size, self.max_len = vocab_size, max_len
         flt_options = dict(nb_features=nb_features, num_rpe_features=num_rpe_features, rpe_type=rpe_type,
                            num_components=num_components, coord_dim=1, causal=True, chunk_size=chunk_size)
-        self.embed = nn.Embedding(vocab_size, dim)
-        nn.init.normal_(self.embed.weight, std=dim ** -0.5)  # fairseq's LM embedding scale: logits O(1) at init
+        self.embed = token_embedding(vocab_size, dim)
         self.pos_embed = nn.Embedding(max_len, dim) if positional == "learned" else None
         self.blocks = _flt_stack(dim, depth, heads, attention, flt_options, share_rpe, ffn_mult * dim, dropout,
                                  attention_options)
@@ -199,19 +224,12 @@ class FLTLanguageModel(nn.Module):
                              "one: flt, performer or full)")
         self.drop = nn.Dropout(dropout)
         self.norm = nn.LayerNorm(dim)
-        self.out = nn.Linear(dim, vocab_size)
-        if tie_embeddings:
-            self.out.weight = self.embed.weight
+        self.out = output_layer(self.embed, tie_embeddings)
 
     @accepts_flat_inputs(1, per_point=True)
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        tokens, mask = check_token_inputs(tokens, mask, vocab_size=self.vocab_size,
-                                          max_len=self.max_len if self.pos_embed is not None else None,
-                                          who=type(self).__name__)
+        tokens, mask, h = embed_tokens(self, tokens, mask)
         B, N = tokens.shape
-        h = self.embed(tokens)
-        if self.pos_embed is not None:
-            h = h + self.pos_embed.weight[:N]
         keep = mask.unsqueeze(-1)
         h = self.drop(h).masked_fill(~keep, 0.0)
         pos = torch.arange(N, device=tokens.device, dtype=h.dtype).view(1, N, 1).expand(B, N, 1)
@@ -246,11 +264,7 @@ class FLTImageClassifier(nn.Module):
         super().__init__()
         if rpe_type not in ("gaussian_mixture", "local"):
             raise ValueError(f"rpe_type for images must be 'gaussian_mixture' or 'local', got {rpe_type!r}")
-        name = _mechanism(attention, None, {})[0]
-        if positional is None:
-            positional = "none" if getattr(attention_entry(name).factory, "encodes_positions", False) else "learned"
-        if positional not in ("none", "learned"):
-            raise ValueError(f"positional must be 'none' or 'learned', got {positional!r}")
+        positional = _positional(attention, positional)
         self.in_dim, self.coord_dim, self.max_len = in_dim, coord_dim, max_len
         flt_options = dict(nb_features=nb_features, num_rpe_features=num_rpe_features, rpe_type=rpe_type,
                            num_components=num_components, coord_dim=coord_dim, feature_map=feature_map)

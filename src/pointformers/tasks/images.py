@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .metrics import accuracy, mean_class_accuracy
-from .minibatch import ItemPool, MiniBatch, check_mini_batch
+from .minibatch import ItemPool, MiniBatch, check_mini_batch, predict_items
 from .registry import TaskSpec, check_data_seed, config_section as _section, register_task
 
 __all__ = ["load_image_sets", "ImageClassificationTask", "IMAGE_TASK"]
@@ -105,22 +105,9 @@ class ImageClassificationTask:
         logits = self._logits(model, batch)
         return F.cross_entropy(logits, batch["labels"].to(logits.device), label_smoothing=self.label_smoothing)
 
-    @torch.no_grad()
     def predict(self, model: nn.Module, samples: Sequence[MiniBatch]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits (S, C) float32 on CPU, labels (S,)) of every image, model in eval mode."""
-        was = model.training
-        model.eval()
-        try:
-            logits, labels = [], []
-            for s in samples:
-                batch = _check(s).tensors()
-                logits.append(self._logits(model, batch).float().cpu())
-                labels.append(batch["labels"])
-        finally:
-            model.train(was)
-        if not logits:
-            raise ValueError("samples: no images to evaluate")
-        return torch.cat(logits), torch.cat(labels)
+        return predict_items(model, samples, lambda s: self._logits(model, _check(s).tensors()), "images")
 
     def evaluate(self, model: nn.Module, samples: Sequence[MiniBatch]) -> dict[str, float]:
         """``{"accuracy", "macc", "loss"}`` over every image of ``samples``."""

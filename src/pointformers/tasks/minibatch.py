@@ -27,7 +27,7 @@ import torch
 
 from ..data.batch import pad_clouds
 
-__all__ = ["ItemPool", "MiniBatch", "check_mini_batch"]
+__all__ = ["ItemPool", "MiniBatch", "check_mini_batch", "predict_items"]
 
 
 def check_mini_batch(value: object, name: str = "data.mini_batch") -> int:
@@ -132,6 +132,26 @@ class MiniBatch:
     @property
     def num_items(self) -> int:
         return len(self)
+
+
+@torch.no_grad()
+def predict_items(model: torch.nn.Module, samples: Sequence[MiniBatch], logits_of, what: str
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits (S, C) float32 on CPU, labels (S,)) of every item of ``samples`` with ``model`` in eval
+    mode (its mode restored after): ``logits_of(sample)`` gives one sample's logits (its own items,
+    :meth:`MiniBatch.tensors`); ``what`` names the items in the error for no samples."""
+    was = model.training
+    model.eval()
+    try:
+        logits, labels = [], []
+        for s in samples:
+            logits.append(logits_of(s).float().cpu())
+            labels.append(s.tensors()["labels"])
+    finally:
+        model.train(was)
+    if not logits:
+        raise ValueError(f"samples: no {what} to evaluate")
+    return torch.cat(logits), torch.cat(labels)
 
 
 def num_batches(items: int, size: int) -> int:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .metrics import accuracy
-from .minibatch import ItemPool, MiniBatch
+from .minibatch import ItemPool, MiniBatch, predict_items
 
 __all__ = ["token_pool", "SequenceClassificationTask"]
 
@@ -66,22 +66,10 @@ class SequenceClassificationTask:
         logits = self._logits(model, batch)
         return F.cross_entropy(logits, batch["labels"].to(logits.device), label_smoothing=self.label_smoothing)
 
-    @torch.no_grad()
     def predict(self, model: nn.Module, samples: Sequence[MiniBatch]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits (S, C) float32 on CPU, labels (S,)) of every sequence, model in eval mode."""
-        was = model.training
-        model.eval()
-        try:
-            logits, labels = [], []
-            for s in samples:
-                batch = _check(s, self.name).tensors()
-                logits.append(self._logits(model, batch).float().cpu())
-                labels.append(batch["labels"])
-        finally:
-            model.train(was)
-        if not logits:
-            raise ValueError("samples: no sequences to evaluate")
-        return torch.cat(logits), torch.cat(labels)
+        return predict_items(model, samples, lambda s: self._logits(model, _check(s, self.name).tensors()),
+                             "sequences")
 
     def evaluate(self, model: nn.Module, samples: Sequence[MiniBatch]) -> dict[str, float]:
         """``{"accuracy", "loss"}`` over every sequence of ``samples``."""

@@ -61,7 +61,7 @@ from .metrics import (
     part_segmentation_mious,
     restricted_part_predictions,
 )
-from .minibatch import ItemPool, MiniBatch, check_mini_batch
+from .minibatch import ItemPool, MiniBatch, check_mini_batch, predict_items
 from .registry import TaskSpec, register_task, config_section as _section, check_data_seed
 
 __all__ = [
@@ -320,22 +320,10 @@ class ShapeClassificationTask(_ShapeTask):
         logits = self._logits(model, batch, generator, train=True)
         return F.cross_entropy(logits, batch["labels"].to(logits.device), label_smoothing=self.label_smoothing)
 
-    @torch.no_grad()
     def predict(self, model: nn.Module, samples: Sequence[MiniBatch]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits (S, C) float32 on CPU, labels (S,)) of every shape, model in eval mode."""
-        was = model.training
-        model.eval()
-        try:
-            logits, labels = [], []
-            for s in samples:
-                batch = _check_sample(s, False).tensors()
-                logits.append(self._logits(model, batch, None, train=False).float().cpu())
-                labels.append(batch["labels"])
-        finally:
-            model.train(was)
-        if not logits:
-            raise ValueError("samples: no shapes to evaluate")
-        return torch.cat(logits), torch.cat(labels)
+        return predict_items(model, samples, lambda s: self._logits(model, _check_sample(s, False).tensors(), None,
+                                                                    train=False), "shapes")
 
     def evaluate(self, model: nn.Module, samples: Sequence[MiniBatch]) -> dict[str, float]:
         """``{"oa", "macc", "loss"}`` over every shape of ``samples`` (no augmentation)."""
