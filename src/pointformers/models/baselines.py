@@ -46,7 +46,7 @@ from ..data.batch import accepts_flat_batch, accepts_flat_inputs
 from ..nn.model_inputs import check_point_inputs
 from ..nn.pooling import masked_max, masked_mean, masked_sum
 from .flt_models import (FLT3DRegressor, FLTImageClassifier, FLTLanguageModel, embed_tokens, output_layer,
-                         token_embedding)
+                         position_embedding, token_embedding)
 from .registry import register_model
 from .samsa_models import SAMSASequenceClassifier
 from .set_models import Mixture, MixtureHead, check_set_inputs
@@ -162,7 +162,7 @@ class PrefixMeanLanguageModel(nn.Module):
         super().__init__()
         self.vocab_size, self.max_len = vocab_size, max_len
         self.embed = token_embedding(vocab_size, dim)
-        self.pos_embed = nn.Embedding(max_len, dim) if positional else None
+        self.pos_embed = position_embedding(max_len, dim) if positional else None
         self.mlp = point_mlp([2 * dim, *widths])
         self.drop = nn.Dropout(dropout)
         self.proj = nn.Linear(widths[-1], dim)

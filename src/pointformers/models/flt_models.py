@@ -123,6 +123,15 @@ def token_embedding(vocab_size: int, dim: int) -> nn.Embedding:
     return embed
 
 
+def position_embedding(max_len: int, dim: int) -> nn.Embedding:
+    """A language model's learned absolute positions, N(0, 1/dim) like :func:`token_embedding`: at
+    PyTorch's default N(0, 1) the positions would outweigh the tokens 8-20× at init, and the causal
+    models stayed near the unigram perplexity (measured, docs/results.md)."""
+    pos = nn.Embedding(max_len, dim)
+    nn.init.normal_(pos.weight, std=dim ** -0.5)
+    return pos
+
+
 def output_layer(embed: nn.Embedding, tie: bool) -> nn.Linear:
     """Next-token logits layer (dim -> vocab), its weight tied to ``embed`` when ``tie``."""
     out = nn.Linear(embed.embedding_dim, embed.num_embeddings)
@@ -216,7 +225,7 @@ class FLTLanguageModel(nn.Module):
         flt_options = dict(nb_features=nb_features, num_rpe_features=num_rpe_features, rpe_type=rpe_type,
                            num_components=num_components, coord_dim=1, causal=True, chunk_size=chunk_size)
         self.embed = token_embedding(vocab_size, dim)
-        self.pos_embed = nn.Embedding(max_len, dim) if positional == "learned" else None
+        self.pos_embed = position_embedding(max_len, dim) if positional == "learned" else None
         self.blocks = _flt_stack(dim, depth, heads, attention, flt_options, share_rpe, ffn_mult * dim, dropout,
                                  attention_options)
         if not all(getattr(b.mixer, "causal", False) for b in self.blocks):
