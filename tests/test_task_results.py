@@ -76,3 +76,15 @@ def test_the_recorded_command_is_the_training_one():
     assert tr._without_reuse(["--configs", "a.yaml", "--reuse", "x.json", "y.json", "--out", "O"]) == \
         ["--configs", "a.yaml", "--out", "O"]
     assert tr._without_reuse(["--reuse=x.json", "--write", "d.md"]) == ["--write", "d.md"]
+
+
+def test_resume_scores_finished_runs_and_a_new_run_never_replaces_one(tmp_path):
+    config = [str(ROOT / "configs" / "language-model-mlp.yaml")]
+    over = [f"data.cache_dir={tmp_path / 'cache'}", "data.preset=tiny", "data.block_len=32", "train.epochs=1"]
+    first = tr.run_task_results(config, [0], over, out_dir=tmp_path / "runs", log=None)
+    best = (tmp_path / "runs" / "language-model-mlp-seed0" / "best.pt").read_bytes()
+    with pytest.raises(ValueError, match="already holds a run"):
+        tr.run_task_results(config, [0], over, out_dir=tmp_path / "runs", log=None)
+    again = tr.run_task_results(config, [0], over, out_dir=tmp_path / "runs", log=None, resume=True)
+    assert again["rows"][0]["test"] == first["rows"][0]["test"]          # scored again, not retrained
+    assert (tmp_path / "runs" / "language-model-mlp-seed0" / "best.pt").read_bytes() == best

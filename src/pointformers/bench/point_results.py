@@ -102,7 +102,8 @@ def _stem(path: str) -> str:
 
 def train_config(path: str, seed: int, overrides: Sequence[str] = (), out_dir: str | os.PathLike = "runs/point-results",
                  rotated_test: bool = False, data_cache: dict | None = None,
-                 log: Callable[[str], None] | None = None, stem: str | None = None) -> dict[str, Any]:
+                 log: Callable[[str], None] | None = None, stem: str | None = None,
+                 resume: bool = False) -> dict[str, Any]:
     """Train the config at ``path`` with ``train.seed = seed`` and score its best-validation model.
 
     Returns ``{"config", "stem", "model", "seed", "params", "metric", "test": {...}, "test_rotated": {...} | None,
@@ -110,6 +111,8 @@ def train_config(path: str, seed: int, overrides: Sequence[str] = (), out_dir: s
     ``rotated_test``: also evaluate on the test split with ``task.rotate_test=so3`` (shape tasks).
     ``data_cache``: shared dict so configs with the same ``data``/``task`` sections load their samples
     once. ``stem``: the row's name (default: the config file's stem), for one config run two ways.
+    ``resume``: continue the run folder if it holds an interrupted run of the same config (a finished
+    one is only scored again); ``train_s`` is then the sum of every epoch's time, resumed ones too.
     """
     from .. import models
     from ..engine import TrainConfig, fit
@@ -130,10 +133,16 @@ def train_config(path: str, seed: int, overrides: Sequence[str] = (), out_dir: s
     task = spec.build(cfg)
     stem = stem or _stem(path)
     run_dir = Path(out_dir) / f"{stem}-seed{seed}"
+    from ..engine.run_folder import existing_run_files
+
+    found = existing_run_files(run_dir)
+    if found and not resume:  # an earlier run's checkpoints are never replaced by a new one
+        raise ValueError(f"--out: {run_dir} already holds a run ({', '.join(found)}); choose another --out, or "
+                         "continue it with --resume where the command has it (task_results)")
     t0 = time.perf_counter()
     res = fit(model, task, samples["train"], samples["val"], TrainConfig(**{**cfg["train"], "device": "cpu"}), run_dir,
-              cfg["model"]["name"], cfg["model"]["options"], log=None)
-    train_s = time.perf_counter() - t0
+              cfg["model"]["name"], cfg["model"]["options"], log=None, resume=resume)
+    train_s = sum(float(h["seconds"]) for h in res.history) if resume else time.perf_counter() - t0
     test = task.evaluate(model, samples["test"])
     rotated = None
     if rotated_test:

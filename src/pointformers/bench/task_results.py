@@ -12,7 +12,8 @@ difference counts only beyond the seeds' spread):
 
 The paper's own numbers for the task (:data:`PAPER_NOTES`) are printed beside the table with what
 differs. ``--reuse`` merges the rows of earlier runs (e.g. configs or seeds trained in parallel
-processes) instead of training; it changes no result, so the section records the command without it.
+processes) instead of training; ``--resume`` continues interrupted run folders in ``--out`` (a finished
+one is only scored again). Neither changes a result, so the section records the command without them.
 
     python -m pointformers.bench.task_results --configs configs/language-model-{flt,performer,full,mlp}.yaml \\
         --baseline language-model-mlp --reference language-model-full --threads 1 --out RUNS --write docs/results.md
@@ -57,8 +58,9 @@ def _stem(path: str) -> str:
 
 def run_configs(configs: Sequence[str], seeds: Sequence[int], overrides: Sequence[str] = (),
                 out_dir: str | os.PathLike = "runs/task-results",
-                log: Callable[[str], None] | None = print) -> list[dict[str, Any]]:
-    """Train every config once per seed (:func:`.point_results.train_config`); one row each."""
+                log: Callable[[str], None] | None = print, resume: bool = False) -> list[dict[str, Any]]:
+    """Train every config once per seed (:func:`.point_results.train_config`); one row each.
+    ``resume``: continue (or, finished, only score) the run folders already in ``out_dir``."""
     from .point_results import train_config
 
     if not configs or not seeds:
@@ -73,7 +75,8 @@ def run_configs(configs: Sequence[str], seeds: Sequence[int], overrides: Sequenc
     if len(tasks) != 1:
         raise ValueError(f"configs: expected configs of one task, got tasks {sorted(tasks)}")
     cache: dict = {}
-    return [train_config(c, s, overrides, out_dir, data_cache=cache, log=log) for c in configs for s in seeds]
+    return [train_config(c, s, overrides, out_dir, data_cache=cache, log=log, resume=resume)
+            for c in configs for s in seeds]
 
 
 def _groups(rows: Sequence[dict]) -> dict[str, list[dict]]:
@@ -160,10 +163,12 @@ def task_claims(rows: Sequence[dict], baseline: str | None, reference: str | Non
 
 
 def _without_reuse(argv: Sequence[str]) -> list[str]:
-    """``argv`` without ``--reuse`` and its files: reusing rows changes no result, so the section records
-    the command that trains them."""
+    """``argv`` without ``--reuse`` and its files and ``--resume``: neither changes a result, so the section
+    records the command that trains the rows."""
     out, skipping = [], False
     for a in argv:
+        if a == "--resume":
+            continue
         if a == "--reuse" or a.startswith("--reuse="):
             skipping = a == "--reuse"
             continue
@@ -178,7 +183,7 @@ def run_task_results(configs: Sequence[str], seeds: Sequence[int] = (42, 43, 44)
                      baseline: str | None = None, reference: str | None = None,
                      out_dir: str | os.PathLike = "runs/task-results", doc: str | None = None,
                      reuse: Sequence[str | os.PathLike] | None = None, command: str | None = None,
-                     log: Callable[[str], None] | None = print) -> dict[str, Any]:
+                     log: Callable[[str], None] | None = print, resume: bool = False) -> dict[str, Any]:
     """Train (or ``reuse``), write ``out_dir/task-results-<task>.json`` and optionally the section of ``doc``."""
     from ..engine import write_json
     from ..engine.config import load_config
@@ -204,7 +209,7 @@ def run_task_results(configs: Sequence[str], seeds: Sequence[int] = (42, 43, 44)
             raise ValueError("reuse: no rows of the configs named")
         task = rows[0].get("task") or load_config(rows[0]["config"])["task"]["name"]
     else:
-        rows = run_configs(configs, seeds, overrides, out_dir, say)
+        rows = run_configs(configs, seeds, overrides, out_dir, say, resume)
         task = load_config(configs[0])["task"]["name"]
         for r in rows:
             r["task"] = task
@@ -240,11 +245,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--write", default=None, metavar="DOC", help="markdown file whose task-<task> section to update")
     p.add_argument("--reuse", nargs="+", default=None, metavar="JSON",
                    help="take the rows from earlier task-results JSON files instead of training")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted run folders in --out (finished ones are only scored again)")
     a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     if a.threads is not None:
         torch.set_num_threads(a.threads)
     try:
-        run_task_results(a.configs, a.seeds, a.set, a.baseline, a.reference, a.out, a.write, a.reuse)
+        run_task_results(a.configs, a.seeds, a.set, a.baseline, a.reference, a.out, a.write, a.reuse, resume=a.resume)
     except ValueError as exc:
         p.error(str(exc))
     return 0
