@@ -14,7 +14,7 @@ from pointformers.tasks.registry import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("shape-classification", "part-segmentation", "listops", "clustering", "pair-potential", "language-model",
-         "image-classification", "lra-text")
+         "image-classification", "lra-text", "lra-image")
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if p.name.startswith(TASKS))
 #: (task, model) pairs the issue asks configs for.
 PAIRS = {"shape-classification": ["sft-cls", "sft-ri-cls", "samsa-cls", "sampled-cls", "sampled-hier-cls", "full-cls",
@@ -25,7 +25,8 @@ PAIRS = {"shape-classification": ["sft-cls", "sft-ri-cls", "samsa-cls", "sampled
          "pair-potential": ["flt-3d-reg", "full-3d-reg", "mlp-3d-reg"],
          "language-model": ["flt-lm", "performer-lm", "full-lm", "mlp-lm"],
          "image-classification": ["flt-vit", "performer-vit", "full-vit", "mlp-vit"],
-         "lra-text": ["samsa-seq", "full-seq", "mlp-seq"]}
+         "lra-text": ["samsa-seq", "full-seq", "mlp-seq"],
+         "lra-image": ["samsa-seq", "full-seq", "mlp-seq"]}
 
 
 def tiny_overrides(task: str, cache: str) -> list[str]:
@@ -40,6 +41,8 @@ def tiny_overrides(task: str, cache: str) -> list[str]:
         return ["train.epochs=1", "data.mini_batch=8"]
     if task == "language-model":
         return common + ["data.preset=tiny", "data.block_len=32", "data.mini_batch=3"]
+    if task == "lra-image":  # the digits at their own 8 x 8 size, 64 pixels
+        return ["train.epochs=1", "data.upscale=1", "data.mini_batch=64"]
     if task == "lra-text":
         return common + ["data.preset=tiny", "data.max_len=260", "data.mini_batch=3"]
     return common + ["data.preset=tiny", "data.mini_batch=3"]
@@ -103,6 +106,7 @@ SAME_TRAIN = [
     ["listops-samsa-seq", "listops-full-seq", "listops-mlp-seq"],
     ["pair-potential-flt-3d-reg", "pair-potential-full-3d-reg", "pair-potential-mlp-3d-reg"],
     ["lra-text-samsa", "lra-text-full", "lra-text-mlp"],
+    ["lra-image-samsa", "lra-image-full", "lra-image-mlp"],
     ["image-classification-flt", "image-classification-performer", "image-classification-full",
      "image-classification-mlp"],
     ["language-model-flt", "language-model-flt-local", "language-model-performer", "language-model-full",

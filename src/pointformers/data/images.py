@@ -11,7 +11,15 @@
   is the last ``val_fraction`` of the training file's images (the file's order, not shuffled).
 * **npz** (:func:`load_npz_sets`): ``{split}.npz`` files in a folder, each with ``images`` (N, H, W)
   or (N, H, W, C) -- uint8 (0-255) or float in [0, 1] -- and integer ``labels`` (N,); for any
-  other released set converted to arrays (e.g. CIFAR-10, the LRA Image task's source).
+  other released set converted to arrays.
+* **CIFAR-10 binary** (:func:`read_cifar10_bin`, :func:`load_cifar10_sets`): the released
+  ``cifar-10-batches-bin`` folder (``data_batch_1.bin`` … ``data_batch_5.bin``, ``test_batch.bin``;
+  records of one label byte and 3,072 pixel bytes, R, G, B planes of 32 × 32), the source of LRA's
+  Image task; read without pickle (the Python version of the release is pickled).
+
+:func:`grey_levels` gives 8-bit grey pixels as LRA's Image task feeds them (RGB weighted as
+``tf.image.rgb_to_grayscale``: 0.2989, 0.5870, 0.1140) and :func:`upscale` repeats pixels
+(nearest neighbour), which turns the 8 × 8 digits into 32 × 32 images of LRA Image's length.
 
 :func:`patchify` turns images (N, H, W, C) into patch tokens (N, P, p·p·C) in raster order with
 their positions: the raster index (ℓ = 1, the FLT paper's r_j = j for ViT) or (row, column) of
@@ -28,12 +36,18 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["SPLITS", "IDX_FILES", "ImageSet", "load_digits_sets", "read_idx", "write_idx", "load_idx_sets",
-           "load_npz_sets", "patchify", "patch_positions"]
+           "load_npz_sets", "CIFAR10_BIN_FILES", "read_cifar10_bin", "load_cifar10_sets", "grey_levels", "upscale",
+           "patchify", "patch_positions"]
 
 SPLITS = ("train", "val", "test")
 #: IDX file stems of MNIST / Fashion-MNIST: (images, labels) of the training and the test file.
 IDX_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
              "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+#: Files of the released CIFAR-10 binary version (``cifar-10-batches-bin``).
+CIFAR10_BIN_FILES = {"train": tuple(f"data_batch_{i}.bin" for i in range(1, 6)), "test": ("test_batch.bin",)}
+_CIFAR_RECORD = 1 + 3 * 32 * 32
+#: RGB -> grey weights of ``tf.image.rgb_to_grayscale`` (ITU-R 601), as LRA's Image pipeline uses them.
+GREY_WEIGHTS = (0.2989, 0.5870, 0.1140)
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
                0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
 
@@ -190,6 +204,70 @@ def load_npz_sets(root: str | os.PathLike, splits: Sequence[str] = SPLITS) -> di
         except (OSError, EOFError) as exc:
             raise ValueError(f"{path}: not a readable .npz file ({exc})") from None
     return out
+
+
+def read_cifar10_bin(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """One CIFAR-10 binary batch file -> images uint8 (N, 32, 32, 3), labels int64 (N,). ValueError
+    naming the file if its size is not a whole number of 3,073-byte records or a label is not 0-9."""
+    path = Path(path)
+    try:
+        raw = np.fromfile(path, dtype=np.uint8)
+    except OSError as exc:
+        raise ValueError(f"{path}: not readable ({exc})") from None
+    if raw.size == 0 or raw.size % _CIFAR_RECORD:
+        raise ValueError(f"{path}: {raw.size} bytes is not a whole number of CIFAR-10 records of {_CIFAR_RECORD} "
+                         "bytes (truncated, or not a cifar-10-batches-bin file)")
+    rec = raw.reshape(-1, _CIFAR_RECORD)
+    labels = rec[:, 0].astype(np.int64)
+    if labels.max() > 9:
+        bad = int(np.flatnonzero(labels > 9)[0])
+        raise ValueError(f"{path}: record {bad} has label {int(labels[bad])} (CIFAR-10 labels are 0-9)")
+    images = rec[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    return np.ascontiguousarray(images), labels
+
+
+def load_cifar10_sets(root: str | os.PathLike, splits: Sequence[str] = SPLITS,
+                      val_fraction: float = 0.1) -> dict[str, ImageSet]:
+    """The ``cifar-10-batches-bin`` folder ``root``; val = the last ``val_fraction`` of the training images."""
+    root = Path(root).expanduser()
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction: expected a fraction in (0, 1), got {val_fraction!r}")
+    out: dict[str, ImageSet] = {}
+    files: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for s in splits:
+        key = "test" if s == "test" else "train"
+        if key not in files:
+            parts = []
+            for name in CIFAR10_BIN_FILES[key]:
+                if not (root / name).is_file():
+                    raise ValueError(f"data.root: {root / name} not found (the cifar-10-batches-bin release expected)")
+                parts.append(read_cifar10_bin(root / name))
+            files[key] = (_as_images(np.concatenate([p[0] for p in parts]), str(root)),
+                          np.concatenate([p[1] for p in parts]))
+        images, labels = files[key]
+        if key == "train":
+            cut = len(labels) - max(1, int(round(val_fraction * len(labels))))
+            sl = slice(cut, None) if s == "val" else slice(0, cut)
+            images, labels = images[sl], labels[sl]
+        out[s] = ImageSet(images, labels)
+    return out
+
+
+def grey_levels(images: np.ndarray) -> np.ndarray:
+    """Images (N, H, W, C) in [0, 1] with C = 1 or 3 -> 8-bit grey levels (N, H, W) uint8 (RGB weighted by
+    :data:`GREY_WEIGHTS`), rounded to the nearest level."""
+    a = np.asarray(images, np.float32)
+    if a.ndim != 4 or a.shape[3] not in (1, 3):
+        raise ValueError(f"images: expected (N, H, W, 1) or (N, H, W, 3), got shape {a.shape}")
+    grey = a[..., 0] if a.shape[3] == 1 else a @ np.asarray(GREY_WEIGHTS, np.float32)
+    return np.clip(np.rint(grey * 255.0), 0, 255).astype(np.uint8)
+
+
+def upscale(images: np.ndarray, factor: int) -> np.ndarray:
+    """Every pixel repeated ``factor`` × ``factor`` times (nearest neighbour): (N, H, W, …) -> (N, fH, fW, …)."""
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
+        raise ValueError(f"factor: expected a positive integer, got {factor!r}")
+    return np.repeat(np.repeat(np.asarray(images), factor, axis=1), factor, axis=2)
 
 
 def patch_positions(h: int, w: int, patch: int, positions: str = "raster") -> np.ndarray:

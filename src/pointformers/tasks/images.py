@@ -3,7 +3,8 @@
 
 Data (``data:`` section, :mod:`pointformers.data.images`): ``format`` ``digits`` (scikit-learn's
 bundled 8 × 8 digits, real data that needs no download; seeded per-class split), ``idx`` (MNIST /
-Fashion-MNIST's released IDX files in ``root``) or ``npz`` (``root/{train,val,test}.npz``). Images
+Fashion-MNIST's released IDX files in ``root``), ``npz`` (``root/{train,val,test}.npz``) or
+``cifar10-bin`` (the ``cifar-10-batches-bin`` folder; val = the last ``val_fraction``). Images
 are cut into ``patch`` × ``patch`` tokens (x: the patch's pixels, p·p·C values) in raster order with
 ``positions`` ``raster`` (the patch index, ℓ = 1: the FLT paper's r_j = j) or ``grid`` ((row,
 column), ℓ = 2); ``mini_batch`` images make one engine sample.
@@ -28,21 +29,31 @@ from .registry import TaskSpec, check_data_seed, config_section as _section, reg
 
 __all__ = ["load_image_sets", "ImageClassificationTask", "IMAGE_TASK"]
 
-FORMATS = ("digits", "idx", "npz")
+FORMATS = ("digits", "idx", "npz", "cifar10-bin")
+
+
+def read_image_sets(fmt: str, root: str | None, splits: Sequence[str], seed: int, val_fraction: float):
+    """The :class:`~pointformers.data.images.ImageSet` of each split in data format ``fmt`` (:data:`FORMATS`)."""
+    from ..data import images as im
+
+    if fmt == "digits":
+        sets = im.load_digits_sets(seed)
+        return {s: sets[s] for s in splits}
+    if fmt not in FORMATS:
+        raise ValueError(f"data.format: unknown image format {fmt!r} (valid: {', '.join(FORMATS)})")
+    if root is None:
+        raise ValueError(f"data.root: format {fmt!r} reads files; give the folder that holds them")
+    if fmt == "idx":
+        return im.load_idx_sets(root, splits, val_fraction)
+    if fmt == "cifar10-bin":
+        return im.load_cifar10_sets(root, splits, val_fraction)
+    return im.load_npz_sets(root, splits)
 
 
 def load_image_sets(cfg: Mapping[str, Any], splits: Sequence[str]):
     """The :class:`~pointformers.data.images.ImageSet` of each split named by ``cfg["data"]``."""
-    from ..data import images as im
-
     d = _section(cfg, "data", _DATA_DEFAULTS)
-    if d["format"] == "digits":
-        sets = im.load_digits_sets(d["seed"])
-        sets = {s: sets[s] for s in splits}
-    elif d["format"] == "idx":
-        sets = im.load_idx_sets(d["root"], splits, d["val_fraction"])
-    else:
-        sets = im.load_npz_sets(d["root"], splits)
+    sets = read_image_sets(d["format"], d["root"], splits, d["seed"], d["val_fraction"])
     opts = (cfg.get("model") or {}).get("options") or {}
     for s, st in sets.items():
         if len(st) == 0:

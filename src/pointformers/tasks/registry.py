@@ -110,7 +110,8 @@ _BUILTIN_MODULES: list[str] = ["pointformers.tasks.tracking.spec", "pointformers
                                "pointformers.tasks.shapes", "pointformers.tasks.listops",
                                "pointformers.tasks.clustering", "pointformers.tasks.potential",
                                "pointformers.tasks.point_mae", "pointformers.tasks.language_model",
-                               "pointformers.tasks.images", "pointformers.tasks.lra_text"]
+                               "pointformers.tasks.images", "pointformers.tasks.lra_text",
+                               "pointformers.tasks.lra_image"]
 
 
 def available_tasks() -> list[str]:
