@@ -161,6 +161,16 @@ def _idx_file(root: Path, stem: str) -> Path:
                      "IDX files expected)")
 
 
+def _split_of(images: np.ndarray, labels: np.ndarray, split: str, val_fraction: float) -> ImageSet:
+    """``split`` of a released file pair: the test file as it is; of the training file, "val" is the last
+    ``val_fraction`` of its images (in file order, at least one) and "train" the rest."""
+    if split == "test":
+        return ImageSet(images, labels)
+    cut = len(labels) - max(1, int(round(val_fraction * len(labels))))
+    sl = slice(cut, None) if split == "val" else slice(0, cut)
+    return ImageSet(images[sl], labels[sl])
+
+
 def load_idx_sets(root: str | os.PathLike, splits: Sequence[str] = SPLITS,
                   val_fraction: float = 1 / 12) -> dict[str, ImageSet]:
     """MNIST-format IDX files in ``root``; val = the last ``val_fraction`` of the training images."""
@@ -178,12 +188,7 @@ def load_idx_sets(root: str | os.PathLike, splits: Sequence[str] = SPLITS,
                 raise ValueError(f"{img_path}: expected uint8 images (N, H, W), got {images.dtype} {images.shape}")
             labels = _as_labels(read_idx(lab_path), images.shape[0], str(lab_path))
             files[key] = (_as_images(images, str(img_path)), labels)
-        images, labels = files[key]
-        if key == "train":
-            cut = len(labels) - max(1, int(round(val_fraction * len(labels))))
-            sl = slice(cut, None) if s == "val" else slice(0, cut)
-            images, labels = images[sl], labels[sl]
-        out[s] = ImageSet(images, labels)
+        out[s] = _split_of(*files[key], s, val_fraction)
     return out
 
 
@@ -244,12 +249,7 @@ def load_cifar10_sets(root: str | os.PathLike, splits: Sequence[str] = SPLITS,
                 parts.append(read_cifar10_bin(root / name))
             files[key] = (_as_images(np.concatenate([p[0] for p in parts]), str(root)),
                           np.concatenate([p[1] for p in parts]))
-        images, labels = files[key]
-        if key == "train":
-            cut = len(labels) - max(1, int(round(val_fraction * len(labels))))
-            sl = slice(cut, None) if s == "val" else slice(0, cut)
-            images, labels = images[sl], labels[sl]
-        out[s] = ImageSet(images, labels)
+        out[s] = _split_of(*files[key], s, val_fraction)
     return out
 
 
