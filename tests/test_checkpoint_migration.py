@@ -42,7 +42,9 @@ def test_version_2_checkpoint_loads_and_computes_the_same(tag):
     ex = ck["example"]
     with torch.no_grad():
         y = model(*ex["inputs"])
-    torch.testing.assert_close(y, ex["y"], rtol=0, atol=0)
+    # float rounding only: the example was saved on another CPU, whose GEMM kernels may round
+    # differently (a wrongly migrated weight would move outputs by far more)
+    torch.testing.assert_close(y, ex["y"], rtol=1e-5, atol=1e-6)
 
 
 def test_migration_renames_only_model_owned_regions():
