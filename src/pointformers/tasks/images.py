@@ -38,16 +38,33 @@ def read_image_sets(fmt: str, root: str | None, splits: Sequence[str], seed: int
 
     if fmt == "digits":
         sets = im.load_digits_sets(seed)
-        return {s: sets[s] for s in splits}
-    if fmt not in FORMATS:
+        sets = {s: sets[s] for s in splits}
+    elif fmt not in FORMATS:
         raise ValueError(f"data.format: unknown image format {fmt!r} (valid: {', '.join(FORMATS)})")
-    if root is None:
+    elif root is None:
         raise ValueError(f"data.root: format {fmt!r} reads files; give the folder that holds them")
-    if fmt == "idx":
-        return im.load_idx_sets(root, splits, val_fraction)
-    if fmt == "cifar10-bin":
-        return im.load_cifar10_sets(root, splits, val_fraction)
-    return im.load_npz_sets(root, splits)
+    elif fmt == "idx":
+        sets = im.load_idx_sets(root, splits, val_fraction)
+    elif fmt == "cifar10-bin":
+        sets = im.load_cifar10_sets(root, splits, val_fraction)
+    else:
+        sets = im.load_npz_sets(root, splits)
+    for s, st in sets.items():
+        if len(st) == 0:
+            raise ValueError(f"data: the {s} split has no images")
+    return sets
+
+
+def check_image_source(d: Mapping[str, Any]) -> None:
+    """The checks of a ``data:`` section's image source that need no file read: seed, ``format``,
+    ``root`` (a folder for every format but digits) and ``val_fraction``."""
+    check_data_seed(d)
+    if d["format"] not in FORMATS:
+        raise ValueError(f"data.format: expected one of {', '.join(FORMATS)}, got {d['format']!r}")
+    if d["format"] != "digits" and (d["root"] is None or not Path(d["root"]).expanduser().is_dir()):
+        raise ValueError(f"data.root: format {d['format']!r} needs a folder of its files, got {d['root']!r}")
+    if not 0 < d["val_fraction"] < 1:
+        raise ValueError(f"data.val_fraction: expected a fraction in (0, 1), got {d['val_fraction']}")
 
 
 def load_image_sets(cfg: Mapping[str, Any], splits: Sequence[str]):
@@ -56,8 +73,6 @@ def load_image_sets(cfg: Mapping[str, Any], splits: Sequence[str]):
     sets = read_image_sets(d["format"], d["root"], splits, d["seed"], d["val_fraction"])
     opts = (cfg.get("model") or {}).get("options") or {}
     for s, st in sets.items():
-        if len(st) == 0:
-            raise ValueError(f"data: the {s} split has no images")
         H, W, C = st.images.shape[1:]
         if H % d["patch"] or W % d["patch"]:
             raise ValueError(f"data.patch: {d['patch']} does not divide the {H} x {W} images")
@@ -139,18 +154,11 @@ _TASK_DEFAULTS = {"label_smoothing": 0.0, "resample": False}
 def _validate(cfg: Mapping[str, Any]) -> None:
     d = _section(cfg, "data", _DATA_DEFAULTS)
     t = _section(cfg, "task", _TASK_DEFAULTS)
-    check_data_seed(d)
-    if d["format"] not in FORMATS:
-        raise ValueError(f"data.format: expected one of {', '.join(FORMATS)}, got {d['format']!r}")
-    if d["format"] != "digits":
-        if d["root"] is None or not Path(d["root"]).expanduser().is_dir():
-            raise ValueError(f"data.root: format {d['format']!r} needs a folder of its files, got {d['root']!r}")
+    check_image_source(d)
     if d["patch"] < 1:
         raise ValueError(f"data.patch: must be >= 1, got {d['patch']}")
     if d["positions"] not in ("raster", "grid"):
         raise ValueError(f"data.positions: expected 'raster' or 'grid', got {d['positions']!r}")
-    if not 0 < d["val_fraction"] < 1:
-        raise ValueError(f"data.val_fraction: expected a fraction in (0, 1), got {d['val_fraction']}")
     check_mini_batch(d["mini_batch"])
     try:
         ImageClassificationTask(t["label_smoothing"])

@@ -20,14 +20,13 @@ Model: ``model(tokens (B, L) int64, mask (B, L) bool) -> logits (B, C)`` (any se
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .images import FORMATS, read_image_sets
+from .images import check_image_source, read_image_sets
 from .minibatch import MiniBatch, check_mini_batch
-from .registry import TaskSpec, check_data_seed, config_section as _section, register_task
+from .registry import TaskSpec, config_section as _section, register_task
 from .sequences import SequenceClassificationTask, token_pool
 
 __all__ = ["VOCAB_SIZE", "pixel_tokens", "load_pixel_sets", "LRA_IMAGE_TASK"]
@@ -50,8 +49,6 @@ def load_pixel_sets(cfg: Mapping[str, Any], splits: Sequence[str]) -> dict[str, 
     sets = read_image_sets(d["format"], d["root"], splits, d["seed"], d["val_fraction"])
     out = {}
     for s, st in sets.items():
-        if len(st) == 0:
-            raise ValueError(f"data: the {s} split has no images")
         if st.images.shape[3] not in (1, 3):
             raise ValueError(f"data: grey levels need 1 or 3 channels, the {s} split has {st.images.shape[3]}")
         out[s] = (pixel_tokens(st.images, d["upscale"]), st.labels)
@@ -88,15 +85,9 @@ _TASK_DEFAULTS = {"label_smoothing": 0.0, "resample": False}
 def _validate(cfg: Mapping[str, Any]) -> None:
     d = _section(cfg, "data", _DATA_DEFAULTS)
     t = _section(cfg, "task", _TASK_DEFAULTS)
-    check_data_seed(d)
-    if d["format"] not in FORMATS:
-        raise ValueError(f"data.format: expected one of {', '.join(FORMATS)}, got {d['format']!r}")
-    if d["format"] != "digits" and (d["root"] is None or not Path(d["root"]).expanduser().is_dir()):
-        raise ValueError(f"data.root: format {d['format']!r} needs a folder of its files, got {d['root']!r}")
+    check_image_source(d)
     if not 1 <= d["upscale"] <= 16:
         raise ValueError(f"data.upscale: expected a pixel repetition factor in 1..16, got {d['upscale']}")
-    if not 0 < d["val_fraction"] < 1:
-        raise ValueError(f"data.val_fraction: expected a fraction in (0, 1), got {d['val_fraction']}")
     check_mini_batch(d["mini_batch"])
     try:
         SequenceClassificationTask(2, t["label_smoothing"])
