@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.pointformers-installed
 
-.PHONY: demo test test-heavy test-faults wheel-smoke examples api-docs install clean
+.PHONY: demo test test-heavy test-faults test-configs wheel-smoke examples api-docs install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,12 +22,23 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/pointformers demo
 
-test: $(STAMP)
-	$(BIN)/python -m pytest
+# Two worker processes (pytest-xdist), one test file per worker at a time (module fixtures are
+# built once); each worker runs torch on one thread (tests/conftest.py).
+XDIST := -n 2 --dist loadfile
 
-# Slow whole-repository checks (every config's model exported and compared with itself).
+test: $(STAMP)
+	$(BIN)/python -m pytest $(XDIST)
+
+# Slow whole-program checks: several processes per test (seeds, resumed comparisons, torchrun),
+# every optimiser/schedule killed and resumed, file exports of every mechanism.
 test-heavy: $(STAMP)
-	$(BIN)/python -m pytest -m heavy
+	$(BIN)/python -m pytest $(XDIST) -m heavy
+
+# Release check, not in .ci/run: every config's model (full size) exported to torch.export and ONNX
+# and both files compared with the model (about ten minutes on a fast 2-core machine; hours on a
+# slow shared VM).
+test-configs: $(STAMP)
+	$(BIN)/python -m pytest $(XDIST) -m configs
 
 # Fault injection (tests/test_fault_injection.py, docs/reliability.md): kills, full disk, read-only
 # and concurrent run folders, damaged files of every format, hostile tensors. One thread, under 3 minutes.

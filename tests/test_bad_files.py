@@ -269,6 +269,7 @@ def _small_checkpoint(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("opset", [18, 20])
 def test_export_opset_is_honoured(tmp_path: Path, opset: int) -> None:
     onnx = pytest.importorskip("onnx")
@@ -294,6 +295,7 @@ def test_check_failure_rule() -> None:
     assert check_failure({**good, "agree_1e-5": float("nan")}, "float64") is not None
 
 
+@pytest.mark.heavy
 def test_export_check_exits_nonzero_below_tolerance(tmp_path: Path, monkeypatch, capsys) -> None:
     pytest.importorskip("onnxruntime")
     import pointformers.export.cli as ecli

@@ -112,6 +112,7 @@ def test_ordering_checks_ignore_other_tasks():
     assert check_orderings([{"model": "HEPT", "metric": "ap", "ap": 0.4}]) == []
 
 
+@pytest.mark.heavy
 def test_comparison_split_over_processes_resumes_into_one_table(tmp_path):
     """compare --resume: two calls on disjoint configs, then one over both with resume, give the rows a
     single call gives (finished runs are only evaluated); without resume a used folder is refused."""
@@ -132,6 +133,7 @@ def test_comparison_split_over_processes_resumes_into_one_table(tmp_path):
     assert again[0]["ap@k"] == first[0]["ap@k"]  # trained again from scratch: the same seeded run
 
 
+@pytest.mark.heavy
 def test_comparison_on_several_seeds_runs_each_seed_as_its_own_run(tmp_path):
     from pointformers.bench.hep_comparison import compare_configs
 

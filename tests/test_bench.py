@@ -86,6 +86,7 @@ def test_mechanisms_growth_ratio_and_verdict_columns():
     assert hept_line.endswith("| 9.0 | yes |") and full_line.endswith("| 64.0 | no |")
 
 
+@pytest.mark.heavy
 def test_peak_of_a_worker_started_by_a_large_process_is_its_own():
     # The kernel folds a parent's resident size at fork into an exec'ed child's ru_maxrss; the
     # harness must report the worker's own peak (VmHWM), not the parent's size.

@@ -77,6 +77,7 @@ def test_unknown_key_in_yaml_file(tmp_path: Path, capsys) -> None:
 
 
 # ------------------------------------------------------------------------------ demo / train / evaluate
+@pytest.mark.heavy
 def test_demo_tiny_end_to_end(tmp_path: Path, capsys) -> None:
     out = tmp_path / "demo"
     assert main(["demo", "--epochs", "1", "--preset", "tiny", "--out", str(out), *TINY]) == 0

@@ -61,6 +61,7 @@ def test_world_size_guard(tmp_path: Path) -> None:
             log=None, dist=env)
 
 
+@pytest.mark.heavy
 def test_two_processes_under_torchrun_match_one_process(tmp_path: Path) -> None:
     import torch.distributed as dist
 

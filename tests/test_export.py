@@ -202,6 +202,7 @@ def _small(mechanism: str, **attention_options):
                         attention_options=attention_options).double().eval()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("mechanism", sorted(OTHER_MECHANISMS))
 def test_torch_export_other_mechanisms_match_pytorch(tmp_path, mechanism, events):
     model = _small(mechanism, **OTHER_MECHANISMS[mechanism])

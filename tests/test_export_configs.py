@@ -1,11 +1,15 @@
 """Every config's model, where it can be exported, exports to a graph that computes the model itself.
 
-Heavy (``make test-heavy``, a step of .ci/run): each config in configs/ is built as a training run
+``make test-configs`` (a release check, not a step of .ci/run: about ten minutes on a fast 2-core
+machine, hours on a slow shared VM, where CI could not finish): each config in configs/ is built as a training run
 builds it (its ``model`` section, seeded), in float64; a model that :func:`check_exportable`
 accepts is exported through ``torch.export`` and ONNX (onnxruntime) and both files are run on a
 generated input at two point counts other than the traced one and compared with the model's own
 output. New configs are covered automatically; a config whose model cannot be exported must say
 why in an ``UnsupportedExportError``/``ValueError`` (recorded as a skip with that reason).
+``make test`` keeps the cheap half for every config: the model builds and either has an export
+path or names why not; the export paths themselves are exercised on small models of every
+mechanism and every registered model (test_mechanism_export_mode, test_model_export_paths).
 """
 from __future__ import annotations
 
@@ -22,7 +26,6 @@ from pointformers.export.onnx_export import example_inputs
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("*.yaml"))
 
-pytestmark = pytest.mark.heavy
 
 
 def _model(config: str) -> torch.nn.Module:
@@ -38,6 +41,18 @@ def _inputs(model, n: int, seed: int):
     return x, coords
 
 
+@pytest.mark.parametrize("config", CONFIGS)
+def test_config_model_is_exportable_or_says_why(config):
+    model = _model(config)
+    try:
+        check_exportable(model)
+    except (UnsupportedExportError, ValueError) as exc:
+        assert str(exc).strip() and ("model:" in str(exc) or isinstance(exc, UnsupportedExportError)), config
+        return
+    assert getattr(model, "export_inputs", None) == ("x", "coords"), config
+
+
+@pytest.mark.configs
 @pytest.mark.parametrize("config", CONFIGS)
 def test_config_model_exports_to_its_own_output(config, tmp_path):
     model = _model(config)

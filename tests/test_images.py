@@ -133,6 +133,7 @@ def _cfg(k: str) -> dict:
     return load_config(ROOT / "configs" / f"image-classification-{k}.yaml")
 
 
+@pytest.mark.heavy
 def test_image_configs_train_and_their_loss_falls():
     spec = get_task("image-classification")
     for k in ("flt", "performer", "full", "mlp"):

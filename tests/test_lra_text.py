@@ -84,6 +84,7 @@ def test_imdb_reader(tmp_path):
         bt.load_imdb(tmp_path / "nowhere", ["train"])
 
 
+@pytest.mark.heavy
 def test_every_lra_text_config_trains_and_its_loss_falls(tmp_path):
     assert {p.stem for p in CONFIGS} == {"lra-text-samsa", "lra-text-sft", "lra-text-full", "lra-text-mlp"}
     spec = get_task("lra-text")

@@ -94,7 +94,7 @@ def test_shipped_checkpoint_loads_by_name_and_path(ref_sd):
         from_reference_checkpoint("hept-tracking-6k")
 
 
-@pytest.mark.parametrize("n", [1234, 3050, 4321])
+@pytest.mark.parametrize("n", [1234] + [pytest.param(n, marks=pytest.mark.heavy) for n in (3050, 4321)])
 def test_float64_equals_the_reference_arithmetic_at_any_size(ref_sd, n):
     """README "Exact arithmetic and padding": N × (1/B) in the regions' dtype from the cloud's own
     count, padding by duplicated points, PyTorch's default argsort — at sizes that need padding."""
@@ -192,6 +192,7 @@ def test_readme_library_snippet_runs():
     assert scope["emb"].shape == (scope["features"].shape[0], 12)
 
 
+@pytest.mark.heavy
 def test_float32_is_as_faithful_as_the_reference_in_float32(ref_sd):
     """In float32, near-ties of sort keys flip points across block boundaries (reference README:
     its own float32 and float64 runs differ). Judge by the fraction of points that agree with

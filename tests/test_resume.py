@@ -52,7 +52,8 @@ RECIPES = {
 }
 
 
-@pytest.mark.parametrize("recipe", list(RECIPES))
+# the default recipe in `make test`; the other optimisers and schedules (one killed run each) in test-heavy
+@pytest.mark.parametrize("recipe", [r if r == "default" else pytest.param(r, marks=pytest.mark.heavy) for r in RECIPES])
 def test_sigkill_during_epoch_3_then_resume_equals_straight_run(tmp_path: Path, capsys, recipe: str) -> None:
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     sets = [*TOY_SETS, *(x for s in RECIPES[recipe] for x in ("--set", s))]

@@ -47,6 +47,7 @@ def _exported(name: str):
     return eager, prog
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", supported_mechanisms())
 def test_torch_export_of_a_users_module(name):
     eager, prog = _exported(name)

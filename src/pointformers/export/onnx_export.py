@@ -31,11 +31,13 @@ authors' checkpoint").
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import json
 import math
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -244,6 +246,61 @@ def onnx_translation_table() -> dict:
             torch.ops.aten.gelu.default: _gelu}
 
 
+_REGISTRY_LOCK = threading.Lock()
+_REGISTRY_USERS = 0
+_REGISTRY_ORIGINAL: list = []             # the exporter's own ``from_torchlib`` while ours is installed
+_TORCHLIB_REGISTRIES: dict[int, Any] = {}  # opset -> the registry built once
+
+
+@contextlib.contextmanager
+def _cached_torchlib_registry():
+    """While active, ``torch.onnx.export`` builds its op registry from a per-opset copy kept here.
+
+    ``ONNXRegistry.from_torchlib`` rebuilds the same table (thousands of onnxscript functions) on
+    every export call: seconds each, most of a small model's export time. Its result depends only on
+    the opset and the installed torch/onnxscript, so one table per opset is kept and each export
+    gets a fresh registry over copies of its lists (the exporter adds the custom translations to
+    the registry it gets, never to the shared lists). Where the private hook is absent (another
+    torch release) nothing is changed. Re-entrant and thread-safe: installed by the first user,
+    the exporter's own restored when the last one leaves.
+    """
+    global _REGISTRY_USERS
+    try:
+        from torch.onnx._internal.exporter import _registration
+        cls = _registration.ONNXRegistry
+        if not isinstance(cls.__dict__["from_torchlib"], classmethod):
+            raise TypeError
+    except (ImportError, AttributeError, KeyError, TypeError):
+        yield
+        return
+
+    def from_torchlib(klass, opset_version=_registration._constants.TORCHLIB_OPSET):
+        with _REGISTRY_LOCK:
+            base = _TORCHLIB_REGISTRIES.get(opset_version)
+            build = _REGISTRY_ORIGINAL[0].__func__ if base is None else None
+        if base is None:
+            base = build(klass, opset_version=opset_version)
+            with _REGISTRY_LOCK:
+                base = _TORCHLIB_REGISTRIES.setdefault(opset_version, base)
+        registry = klass()
+        registry._opset_version = base._opset_version
+        registry.functions = {name: list(decomps) for name, decomps in base.functions.items()}
+        return registry
+
+    with _REGISTRY_LOCK:
+        if _REGISTRY_USERS == 0:
+            _REGISTRY_ORIGINAL[:] = [cls.__dict__["from_torchlib"]]
+            cls.from_torchlib = classmethod(from_torchlib)
+        _REGISTRY_USERS += 1
+    try:
+        yield
+    finally:
+        with _REGISTRY_LOCK:
+            _REGISTRY_USERS -= 1
+            if _REGISTRY_USERS == 0:
+                cls.from_torchlib = _REGISTRY_ORIGINAL.pop()
+
+
 def export_program(wrapper: ExportableModel, inputs: tuple[torch.Tensor, torch.Tensor]):
     """``torch.export`` the wrapper with a dynamic point count."""
     with torch.no_grad():
@@ -311,7 +368,7 @@ def export_model(model_or_checkpoint: nn.Module | str | os.PathLike | Mapping[st
         torch.export.save(program, buffer, extra_files={METADATA_KEY + ".json": json.dumps(meta)})
         data = buffer.getvalue()
     else:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _cached_torchlib_registry():
             warnings.simplefilter("ignore")
             onnx_program = torch.onnx.export(
                 program, inputs, dynamo=True, opset_version=opset, input_names=["x", "coords"],
