@@ -317,3 +317,25 @@ def test_models_the_cli_trains_export_or_their_registry_entry_says_why(tmp_path)
     with pytest.raises(ValueError, match=r"'sft-cls' cannot be exported: the `pointformers export` command writes "
                                          r"the per-point models"):
         export_model(model, tmp_path / "m.pt2", format="torch.export")
+
+
+def test_the_exporters_op_table_is_built_once_and_never_shared():
+    pytest.importorskip("onnxscript")
+    from torch.onnx._internal.exporter import _registration
+
+    from pointformers.export.onnx_export import _cached_torchlib_registry, onnx_translation_table
+
+    original = _registration.ONNXRegistry.__dict__["from_torchlib"]
+    with _cached_torchlib_registry():
+        with _cached_torchlib_registry():  # re-entrant: the outer user keeps it installed
+            a = _registration.ONNXRegistry().from_torchlib(opset_version=18)
+        assert _registration.ONNXRegistry.__dict__["from_torchlib"] is not original
+        for op, fn in onnx_translation_table().items():  # what torch.onnx.export does with a custom table
+            a.register_op(op, fn)
+        b = _registration.ONNXRegistry.from_torchlib(opset_version=18)
+    assert _registration.ONNXRegistry.__dict__["from_torchlib"] is original  # restored by the last user
+    assert a is not b and a.opset_version == b.opset_version == 18
+    name = torch.ops.aten.sort.stable.name()
+    assert any(d.is_custom for d in a.functions[name])
+    assert not any(d.is_custom for d in b.functions.get(name, []))  # a's custom op did not leak into b
+    assert set(b.functions) <= set(a.functions) and len(b.functions) > 100
