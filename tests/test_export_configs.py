@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("*.yaml"))
 
 
-
 def _model(config: str) -> torch.nn.Module:
     cfg = load_config(ROOT / config)
     torch.manual_seed(0)

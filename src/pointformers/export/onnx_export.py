@@ -248,7 +248,7 @@ def onnx_translation_table() -> dict:
 
 _REGISTRY_LOCK = threading.Lock()
 _REGISTRY_USERS = 0
-_REGISTRY_ORIGINAL: list = []             # the exporter's own ``from_torchlib`` while ours is installed
+_REGISTRY_ORIGINAL: Any = None            # the exporter's own ``from_torchlib`` (a classmethod)
 _TORCHLIB_REGISTRIES: dict[int, Any] = {}  # opset -> the registry built once
 
 
@@ -264,7 +264,7 @@ def _cached_torchlib_registry():
     torch release) nothing is changed. Re-entrant and thread-safe: installed by the first user,
     the exporter's own restored when the last one leaves.
     """
-    global _REGISTRY_USERS
+    global _REGISTRY_USERS, _REGISTRY_ORIGINAL
     try:
         from torch.onnx._internal.exporter import _registration
         cls = _registration.ONNXRegistry
@@ -277,9 +277,8 @@ def _cached_torchlib_registry():
     def from_torchlib(klass, opset_version=_registration._constants.TORCHLIB_OPSET):
         with _REGISTRY_LOCK:
             base = _TORCHLIB_REGISTRIES.get(opset_version)
-            build = _REGISTRY_ORIGINAL[0].__func__ if base is None else None
         if base is None:
-            base = build(klass, opset_version=opset_version)
+            base = _REGISTRY_ORIGINAL.__func__(klass, opset_version=opset_version)
             with _REGISTRY_LOCK:
                 base = _TORCHLIB_REGISTRIES.setdefault(opset_version, base)
         registry = klass()
@@ -289,7 +288,7 @@ def _cached_torchlib_registry():
 
     with _REGISTRY_LOCK:
         if _REGISTRY_USERS == 0:
-            _REGISTRY_ORIGINAL[:] = [cls.__dict__["from_torchlib"]]
+            _REGISTRY_ORIGINAL = cls.__dict__["from_torchlib"]
             cls.from_torchlib = classmethod(from_torchlib)
         _REGISTRY_USERS += 1
     try:
@@ -298,7 +297,7 @@ def _cached_torchlib_registry():
         with _REGISTRY_LOCK:
             _REGISTRY_USERS -= 1
             if _REGISTRY_USERS == 0:
-                cls.from_torchlib = _REGISTRY_ORIGINAL.pop()
+                cls.from_torchlib = _REGISTRY_ORIGINAL
 
 
 def export_program(wrapper: ExportableModel, inputs: tuple[torch.Tensor, torch.Tensor]):
