@@ -112,7 +112,7 @@ def test_ordering_checks_ignore_other_tasks():
     assert check_orderings([{"model": "HEPT", "metric": "ap", "ap": 0.4}]) == []
 
 
-@pytest.mark.heavy
+@pytest.mark.release
 def test_comparison_split_over_processes_resumes_into_one_table(tmp_path):
     """compare --resume: two calls on disjoint configs, then one over both with resume, give the rows a
     single call gives (finished runs are only evaluated); without resume a used folder is refused."""

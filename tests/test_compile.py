@@ -38,8 +38,13 @@ def test_inference_forward_has_no_graph_break(name):
     assert ex.graph_break_count == 0, [str(b.reason).splitlines()[0] for b in ex.break_reasons]
 
 
-@pytest.mark.heavy
-@pytest.mark.parametrize("name", sorted(OPTIONS))
+#: Mechanisms whose compile (aot_eager, dynamic shapes) takes minutes on a slow machine: a release check
+#: (``make test-release``); ``make test`` traces every one of them (test above), ``make test-heavy`` compiles the rest.
+SLOW_COMPILES = {"hept", "lsh_or", "serialized", "sft", "sampled"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.release if n in SLOW_COMPILES else pytest.mark.heavy)
+                                  for n in sorted(OPTIONS)])
 def test_compiled_equals_eager(name):
     attn = _mixer(name)
     g = torch.Generator().manual_seed(1)

@@ -1,6 +1,6 @@
 """Every config's model, where it can be exported, exports to a graph that computes the model itself.
 
-``make test-configs`` (a release check, not a step of .ci/run: about ten minutes on a fast 2-core
+``make test-release`` (a release check, not a step of .ci/run: about ten minutes on a fast 2-core
 machine, hours on a slow shared VM, where CI could not finish): each config in configs/ is built as a training run
 builds it (its ``model`` section, seeded), in float64; a model that :func:`check_exportable`
 accepts is exported through ``torch.export`` and ONNX (onnxruntime) and both files are run on a
@@ -51,7 +51,7 @@ def test_config_model_is_exportable_or_says_why(config):
     assert getattr(model, "export_inputs", None) == ("x", "coords"), config
 
 
-@pytest.mark.configs
+@pytest.mark.release
 @pytest.mark.parametrize("config", CONFIGS)
 def test_config_model_exports_to_its_own_output(config, tmp_path):
     model = _model(config)

@@ -1,7 +1,8 @@
 """A user's own ``torch.export`` of every registered model (one cloud, padded, export mode through
 ``set_exportable``) gives the eager result; a model that cannot be exported says why, by name.
 
-Heavy: one ``torch.export`` per model (about a minute or two in all on 2 cores)."""
+Release check (``make test-release``): one ``torch.export`` per model (a minute or two in all on a fast 2-core
+machine, several on a slow VM); ``make test`` exports the small models of every mechanism."""
 from __future__ import annotations
 
 import copy
@@ -17,7 +18,7 @@ def _float(t):
     return t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
 
 
-@pytest.mark.heavy
+@pytest.mark.release
 @pytest.mark.parametrize("name", PACKAGE_MODELS)
 def test_users_torch_export_of_every_model(name):
     model = _model(name).float()

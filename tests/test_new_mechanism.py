@@ -63,7 +63,7 @@ def test_it_trains_through_the_cli(linear, tmp_path):
     assert model.blocks[0].mixer.registry_name == "linear"
 
 
-@pytest.mark.heavy
+@pytest.mark.release
 def test_it_is_benchmarked_in_worker_processes(linear, monkeypatch):
     from pointformers.bench import flops, mechanisms
 

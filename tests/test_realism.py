@@ -158,7 +158,7 @@ def test_subset_keeps_whole_particles_and_the_noise_share():
     assert np.array_equal(again.hit_id, sub.hit_id)
 
 
-@pytest.mark.heavy
+@pytest.mark.release
 def test_rerun_replaces_sections_in_place(tmp_path):
     doc = tmp_path / "realism.md"
     doc.write_text("# Realism\n\nHand-written prose.\n\n<!-- realism-acceptance:begin -->\nold\n"

@@ -3,6 +3,8 @@
 with ``pointformers.export.onnx_translation_table()``), for a dynamic point count."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -36,6 +38,7 @@ def _inputs(n: int, seed: int):
     return torch.randn(1, n, 5, generator=g, dtype=torch.float64), torch.rand(1, n, 3, generator=g, dtype=torch.float64)
 
 
+@functools.cache  # one export per mechanism, shared by the torch.export and the ONNX test
 def _exported(name: str):
     torch.manual_seed(0)
     model = MyModel(name).double().eval()
@@ -57,8 +60,10 @@ def test_torch_export_of_a_users_module(name):
             torch.testing.assert_close(prog.module()(x, pos), eager(x, pos), rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.heavy
-@pytest.mark.parametrize("name", supported_mechanisms())
+#: ONNX of the user's module in ``make test-heavy`` for HEPT (the translation table's stable sort, its
+#: softplus and gelu); every other mechanism is a release check (``make test-release``): minutes each on a slow VM.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.heavy if n == "hept" else pytest.mark.release)
+                                  for n in supported_mechanisms()])
 def test_onnx_export_of_a_users_module(name, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     eager, prog = _exported(name)

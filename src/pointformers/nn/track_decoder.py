@@ -1,0 +1,263 @@
+"""A track-slot decoder: learned track slots that read a sector of hits and claim their tracks.
+
+End-to-end track reconstruction (the design of the HEPT authors' set decoder, after DETR and
+Mask2Former) puts this decoder behind a point encoder. The event is cut into ``k`` azimuthal sectors
+of (nearly) equal hit count (:func:`phi_sectors`), and the sectors run as one batch. ``M`` learned
+slots are the decoder's queries; each layer does
+
+1. cross-attention from the slots to the sector's hits (padding hits masked out; optionally the
+   Mask2Former attention mask: a slot sees only the hits it claimed at the previous stage),
+2. self-attention among the slots,
+3. a feed-forward,
+
+each pre-normed with a residual. After every layer the shared heads predict, per slot, an object
+logit (is this slot a track?) and, per (slot, hit), an assignment logit: the dot product of the
+slot's mask embedding with the hit's feature. Every layer's predictions are returned, for deep
+supervision (:mod:`pointformers.tasks.tracking.set_criterion`).
+
+At inference (:func:`assign_hits`) each real hit takes the slot of highest score
+``σ(object)·σ(assignment)`` in its sector, or no track (−1) below a threshold; padding hits are never
+assigned. :func:`labels_to_hits` brings the sectors' labels back to the event's hits (with overlapping
+sectors, a hit keeps the label of its higher-scoring sector).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["TrackDecoder", "DecoderOutput", "Sectors", "phi_sectors", "gather_sectors", "assign_hits",
+           "labels_to_hits"]
+
+
+class Sectors(NamedTuple):
+    """The hits of each sector: ``index`` ``(B·k, L)`` int64 positions into the event's ``N`` hits (0 at
+    padding), ``mask`` ``(B·k, L)`` bool (True = a real hit), ``k`` sectors per event (sector ``s`` of event
+    ``b`` is row ``b·k + s``)."""
+
+    index: torch.Tensor
+    mask: torch.Tensor
+    k: int
+
+
+def _overlap_permille(overlap: float) -> int:
+    if not (isinstance(overlap, (int, float)) and not isinstance(overlap, bool) and 0.0 <= overlap <= 0.5):
+        raise ValueError(f"phi_sectors: overlap must be a fraction of a sector in [0, 0.5], got {overlap!r}")
+    return int(round(overlap * 1000))
+
+
+def phi_sectors(phi: torch.Tensor, mask: Optional[torch.Tensor], k: int, overlap: float = 0.0) -> Sectors:
+    """Cut each event into ``k`` azimuthal sectors of equal hit count.
+
+    The real hits of an event are ordered by φ; sector ``s`` takes positions ``[s·c, (s+1)·c)`` of that
+    order (``c = ⌈n/k⌉``, the last sector may be shorter), widened by ``⌈overlap·c⌉`` hits on each side
+    (cyclically, across φ = ±π) when ``overlap > 0``. The sector length ``L`` depends on the padded size
+    ``N`` alone (``⌈N/k⌉ + 2⌈overlap·⌈N/k⌉⌉``), so the cut traces with a dynamic point count.
+
+    Args:
+        phi: ``(B, N)`` azimuth of every hit (any real numbers; the order is what matters).
+        mask: ``(B, N)`` bool, True for a real hit, or None (all real).
+        k: sectors per event, ``>= 1``.
+        overlap: fraction of a sector added on each side, in ``[0, 0.5]``.
+    """
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"phi_sectors: k must be an integer >= 1, got {k!r}")
+    permille = _overlap_permille(overlap)
+    if phi.dim() != 2:
+        raise ValueError(f"phi_sectors: phi must be (B, N), got {tuple(phi.shape)}")
+    b, n = phi.shape
+    if mask is None:
+        mask = torch.ones_like(phi, dtype=torch.bool)
+    elif mask.shape != phi.shape or mask.dtype != torch.bool:
+        raise ValueError(f"phi_sectors: mask must be a bool tensor of phi's shape {tuple(phi.shape)}, "
+                         f"got {mask.dtype} {tuple(mask.shape)}")
+    c_max = (n + k - 1) // k
+    o_max = (c_max * permille + 999) // 1000
+    length = c_max + 2 * o_max
+    key = torch.where(mask, phi, torch.full_like(phi, float("inf")))
+    order = torch.sort(key, dim=1, stable=True).indices                  # real hits first, by φ
+    n_real = mask.sum(1)                                                   # (B,)
+    c = (n_real + (k - 1)) // k
+    o = (c * permille + 999) // 1000
+    s = torch.arange(k, device=phi.device)
+    core_start = s[None, :] * c[:, None]                                   # (B, k)
+    core_end = torch.minimum(core_start + c[:, None], n_real[:, None])
+    start = core_start - o[:, None]
+    count = torch.where(core_end > core_start, core_end - core_start + 2 * o[:, None], torch.zeros_like(core_start))
+    count = torch.minimum(count, n_real[:, None])
+    j = torch.arange(length, device=phi.device)
+    pos = torch.remainder(start[..., None] + j, n_real.clamp_min(1)[:, None, None])  # (B, k, L)
+    smask = j < count[..., None]
+    index = torch.gather(order, 1, pos.reshape(b, -1)).reshape(b, k, length)
+    index = torch.where(smask, index, torch.zeros_like(index))
+    return Sectors(index.reshape(b * k, length), smask.reshape(b * k, length), k)
+
+
+def gather_sectors(x: torch.Tensor, sectors: Sectors) -> torch.Tensor:
+    """The per-hit tensor ``x`` ``(B, N, ...)`` cut into sectors: ``(B·k, L, ...)``, zeros at padding."""
+    b = x.shape[0]
+    rows = torch.arange(b, device=x.device).repeat_interleave(sectors.k)[:, None]   # (B·k, 1)
+    out = x[rows, sectors.index]
+    m = sectors.mask.reshape(sectors.mask.shape + (1,) * (out.dim() - 2))
+    return torch.where(m, out, torch.zeros_like(out))
+
+
+class DecoderOutput(NamedTuple):
+    """One stage of predictions: ``object_logits`` ``(S, M)`` and ``assign_logits`` ``(S, M, n)`` (values at
+    padding hits are meaningless: mask them)."""
+
+    object_logits: torch.Tensor
+    assign_logits: torch.Tensor
+
+
+class _Attention(nn.Module):
+    """Multi-head attention with its own projections (scaled_dot_product_attention, boolean mask)."""
+
+    def __init__(self, dim: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+        self.dropout = dropout
+
+    def forward(self, q: torch.Tensor, kv: torch.Tensor, allowed: Optional[torch.Tensor]) -> torch.Tensor:
+        s, m, d = q.shape
+        h = self.heads
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(t.shape[0], t.shape[1], h, d // h).transpose(1, 2)
+
+        y = F.scaled_dot_product_attention(split(self.q(q)), split(self.k(kv)), split(self.v(kv)),
+                                           attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0)
+        return self.o(y.transpose(1, 2).reshape(s, m, d))
+
+
+class _DecoderLayer(nn.Module):
+    def __init__(self, dim: int, heads: int, hidden: int, dropout: float):
+        super().__init__()
+        self.norm_cross, self.norm_self, self.norm_ffn = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.cross = _Attention(dim, heads, dropout)
+        self.self_attn = _Attention(dim, heads, dropout)
+        self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
+
+    def forward(self, slots: torch.Tensor, hits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        slots = slots + self.cross(self.norm_cross(slots), hits, allowed)
+        slots = slots + self.self_attn(self.norm_self(slots), self.norm_self(slots), None)
+        return slots + self.ffn(self.norm_ffn(slots))
+
+
+class TrackDecoder(nn.Module):
+    """Learned track slots decoding a batch of sectors of hit features.
+
+    Args:
+        dim: width of the hit features and the slots.
+        num_slots: ``M``, slots per sector (the published design: 3,000 for 60k hits in 3 sectors;
+            scale it with the hits per sector).
+        heads: attention heads (``dim`` must be divisible by it).
+        n_layers: decoder layers, each supervised.
+        hidden: feed-forward width (default ``4·dim``).
+        dropout: dropout of attention weights and the feed-forward.
+        attention_mask: the Mask2Former attention mask: at each layer a slot cross-attends only to the
+            hits whose assignment probability at the previous stage is at least ``mask_threshold``
+            (a slot that claims no hit sees all of them).
+        mask_threshold: see ``attention_mask``.
+
+    Shapes: ``forward(hits (S, n, dim), mask (S, n) bool)`` returns a list of ``n_layers``
+    :class:`DecoderOutput` (one per layer, the last is the prediction).
+    """
+
+    def __init__(self, dim: int, num_slots: int, heads: int = 8, n_layers: int = 2, hidden: Optional[int] = None,
+                 dropout: float = 0.0, attention_mask: bool = False, mask_threshold: float = 0.5):
+        super().__init__()
+        for name, v, lo in (("dim", dim, 1), ("num_slots", num_slots, 1), ("heads", heads, 1), ("n_layers", n_layers, 1)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise ValueError(f"TrackDecoder: {name} must be an integer >= {lo}, got {v!r}")
+        if dim % heads:
+            raise ValueError(f"TrackDecoder: dim={dim} is not divisible by heads={heads}")
+        if not (0.0 <= dropout < 1.0):
+            raise ValueError(f"TrackDecoder: dropout must be in [0, 1), got {dropout!r}")
+        if not (0.0 < mask_threshold < 1.0):
+            raise ValueError(f"TrackDecoder: mask_threshold must be in (0, 1), got {mask_threshold!r}")
+        hidden = 4 * dim if hidden is None else hidden
+        self.dim, self.num_slots = dim, num_slots
+        self.attention_mask, self.mask_threshold = bool(attention_mask), float(mask_threshold)
+        self.slots = nn.Parameter(torch.randn(num_slots, dim) / math.sqrt(dim))   # the slot bank
+        self.hit_norm = nn.LayerNorm(dim)
+        self.layers = nn.ModuleList(_DecoderLayer(dim, heads, hidden, dropout) for _ in range(n_layers))
+        self.out_norm = nn.LayerNorm(dim)
+        self.class_head = nn.Linear(dim, 1)
+        self.mask_embed = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim))
+
+    def predict(self, slots: torch.Tensor, hits: torch.Tensor) -> DecoderOutput:
+        """The heads on slots ``(S, M, dim)`` and normed hit features ``(S, n, dim)``."""
+        z = self.out_norm(slots)
+        return DecoderOutput(self.class_head(z).squeeze(-1), torch.einsum("smd,snd->smn", self.mask_embed(z), hits))
+
+    def _allowed(self, mask: torch.Tensor, prev: Optional[DecoderOutput]) -> torch.Tensor:
+        """(S, 1, M, n) bool: which hits each slot may attend to. A row with nothing allowed (a sector with
+        no real hit, or a slot that claims none) falls back to the real hits, then to every position, so
+        softmax never sees an empty row."""
+        s, n = mask.shape
+        allowed = mask[:, None, :].expand(s, self.num_slots, n)
+        if prev is not None:
+            claimed = (torch.sigmoid(prev.assign_logits) >= self.mask_threshold) & allowed
+            allowed = torch.where(claimed.any(-1, keepdim=True), claimed, allowed)
+        allowed = allowed | ~allowed.any(-1, keepdim=True)
+        return allowed[:, None]
+
+    def forward(self, hits: torch.Tensor, mask: Optional[torch.Tensor] = None) -> list[DecoderOutput]:
+        if hits.dim() != 3 or hits.shape[-1] != self.dim:
+            raise ValueError(f"TrackDecoder: hits must be (S, n, {self.dim}), got {tuple(hits.shape)}")
+        if mask is None:
+            mask = torch.ones(hits.shape[:2], dtype=torch.bool, device=hits.device)
+        elif mask.shape != hits.shape[:2] or mask.dtype != torch.bool:
+            raise ValueError(f"TrackDecoder: mask must be a bool tensor of shape {tuple(hits.shape[:2])}, "
+                             f"got {mask.dtype} {tuple(mask.shape)}")
+        hits = self.hit_norm(hits) * mask[..., None].to(hits.dtype)   # padding rows are zeros
+        slots = self.slots[None].expand(hits.shape[0], -1, -1)
+        prev = self.predict(slots, hits) if self.attention_mask else None
+        outs = []
+        for layer in self.layers:
+            slots = layer(slots, hits, self._allowed(mask, prev))
+            prev = self.predict(slots, hits)
+            outs.append(prev)
+        return outs
+
+
+def assign_hits(out: DecoderOutput, mask: torch.Tensor, threshold: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each real hit's slot: the one of highest ``σ(object)·σ(assignment)``, or −1 below ``threshold``.
+
+    Returns ``(labels, scores)``, both ``(S, n)``: int64 slot index (−1 = no track, always −1 at padding)
+    and the best score (0 at padding).
+    """
+    if not (0.0 <= threshold < 1.0):
+        raise ValueError(f"assign_hits: threshold must be in [0, 1), got {threshold!r}")
+    score = torch.sigmoid(out.object_logits)[..., None] * torch.sigmoid(out.assign_logits)   # (S, M, n)
+    best, slot = score.max(1)
+    keep = mask & (best >= threshold)
+    return torch.where(keep, slot, torch.full_like(slot, -1)), torch.where(mask, best, torch.zeros_like(best))
+
+
+def labels_to_hits(labels: torch.Tensor, scores: torch.Tensor, sectors: Sectors, num_hits: int,
+                   num_slots: int) -> torch.Tensor:
+    """Sector labels ``(B·k, L)`` back to the event's hits: ``(B, num_hits)`` int64 track labels, unique within an
+    event (sector ``s``'s slot ``m`` is track ``s·num_slots + m``), −1 for no track and at padding. A hit that
+    lies in two overlapping sectors keeps the label of the sector where its score is higher."""
+    bk, length = labels.shape
+    b = bk // sectors.k
+    sector = torch.arange(bk, device=labels.device) % sectors.k
+    track = torch.where(labels >= 0, sector[:, None] * num_slots + labels, torch.full_like(labels, -1))
+    event = torch.arange(bk, device=labels.device) // sectors.k
+    flat = (event[:, None] * num_hits + sectors.index).reshape(-1)
+    valid = sectors.mask.reshape(-1)
+    # one key per (hit, sector): the score first, the track label to break ties the same way every time
+    key = torch.where(valid, scores.reshape(-1).double() + 1, torch.zeros_like(scores.reshape(-1), dtype=torch.float64))
+    best = torch.zeros(b * num_hits, dtype=torch.float64, device=labels.device)
+    best = best.scatter_reduce(0, flat, key, reduce="amax")
+    win = valid & (key == best[flat])
+    out = torch.full((b * num_hits,), -1, dtype=torch.int64, device=labels.device)
+    cand = torch.where(win, track.reshape(-1), torch.full_like(track.reshape(-1), -1))
+    out = out.scatter_reduce(0, flat, cand, reduce="amax")
+    return out.reshape(b, num_hits)

@@ -1,0 +1,235 @@
+"""The track-slot decoder (pointformers.nn.track_decoder) and its set criterion
+(pointformers.tasks.tracking.set_criterion): matcher against brute force, slot-order invariance of the
+loss, padding never assigned, sectors batched equal sectors run alone, the φ-sector cut."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from pointformers.nn.track_decoder import (DecoderOutput, TrackDecoder, assign_hits, gather_sectors, labels_to_hits,
+                                           phi_sectors)
+from pointformers.tasks.tracking.set_criterion import (SetCriterionWeights, dice_loss, match_slots, pair_costs,
+                                                       sector_targets, set_loss, sigmoid_focal)
+
+
+def _brute_force(cost: np.ndarray) -> float:
+    m, t = cost.shape
+    if m >= t:
+        return min(sum(cost[p[j], j] for j in range(t)) for p in itertools.permutations(range(m), t))
+    return min(sum(cost[i, p[i]] for i in range(m)) for p in itertools.permutations(range(t), m))
+
+
+@pytest.mark.parametrize("m,t", [(5, 3), (4, 4), (3, 5), (6, 1), (1, 1)])
+def test_matcher_equals_brute_force(m, t):
+    g = torch.Generator().manual_seed(m * 10 + t)
+    for _ in range(5):
+        n = 12
+        obj, assign = torch.randn(m, generator=g), torch.randn(m, n, generator=g) * 3
+        mask = torch.rand(n, generator=g) > 0.2
+        targets = (torch.rand(t, n, generator=g) > 0.6) & mask
+        cost = pair_costs(obj, assign, mask, targets)
+        rows, cols = match_slots(cost)
+        assert len(rows) == min(m, t) and len(set(rows)) == len(rows) and len(set(cols)) == len(cols)
+        got = float(cost.numpy()[rows, cols].sum())
+        assert got == pytest.approx(_brute_force(cost.numpy()), abs=1e-9)
+
+
+def test_pair_costs_equal_the_losses_of_each_pair():
+    """The matrix-product cost of a pair is the loss of that pair computed elementwise."""
+    g = torch.Generator().manual_seed(0)
+    m, t, n = 4, 3, 20
+    obj, assign = torch.randn(m, generator=g, dtype=torch.float64), torch.randn(m, n, generator=g, dtype=torch.float64)
+    mask = torch.rand(n, generator=g) > 0.3
+    targets = (torch.rand(t, n, generator=g) > 0.5) & mask
+    w = SetCriterionWeights(cls=0.7, focal=3.0, dice=2.0, alpha=0.3, gamma=1.5)
+    cost = pair_costs(obj, assign, mask, targets, w)
+    wm = mask.double()
+    for i in range(m):
+        for j in range(t):
+            tj = targets[j].double()
+            focal = float((sigmoid_focal(assign[i], tj, 0.3, 1.5) * wm).sum() / wm.sum())
+            dice = float(dice_loss(torch.sigmoid(assign[i])[None], tj[None], wm)[0])
+            want = -0.7 * float(torch.sigmoid(obj[i])) + 3.0 * focal + 2.0 * dice
+            assert float(cost[i, j]) == pytest.approx(want, rel=1e-10)
+
+
+def test_focal_loss_equals_its_definition():
+    x = torch.tensor([-2.0, 0.0, 1.5, 3.0], dtype=torch.float64)
+    t = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    p = torch.sigmoid(x)
+    want = -0.25 * t * (1 - p) ** 2 * torch.log(p) - 0.75 * (1 - t) * p ** 2 * torch.log(1 - p)
+    torch.testing.assert_close(sigmoid_focal(x, t), want)
+
+
+def _sector_problem(seed: int, s: int = 2, m: int = 6, n: int = 15):
+    g = torch.Generator().manual_seed(seed)
+    obj = torch.randn(s, m, generator=g, dtype=torch.float64, requires_grad=True)
+    assign = torch.randn(s, m, n, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(s, n, generator=g) > 0.25
+    pid = torch.randint(0, 5, (s, n), generator=g)
+    targets = [sector_targets(pid[i], mask[i], torch.ones(n, dtype=torch.bool), min_hits=1)[0] for i in range(s)]
+    return obj, assign, mask, targets
+
+
+def test_loss_is_invariant_to_the_order_of_the_slots():
+    obj, assign, mask, targets = _sector_problem(1)
+    perm = torch.randperm(obj.shape[1], generator=torch.Generator().manual_seed(3))
+    a = set_loss(obj, assign, mask, targets)
+    b = set_loss(obj[:, perm], assign[:, perm], mask, targets)
+    for key in ("loss", "cls", "focal", "dice"):
+        assert a[key].item() == pytest.approx(b[key].item(), rel=1e-12)
+    # and the loss does depend on which slot predicts what: two slots' assignments swapped change it
+    swapped = assign.detach().clone()
+    swapped[:, [0, 1]] = swapped[:, [1, 0]]
+    assert set_loss(obj, swapped, mask, targets)["loss"].item() != pytest.approx(a["loss"].item(), rel=1e-6)
+
+
+def test_loss_ignores_padding_and_is_differentiable():
+    obj, assign, mask, targets = _sector_problem(2)
+    base = set_loss(obj, assign, mask, targets)
+    noisy = assign.detach().clone()
+    noisy[~mask[:, None, :].expand_as(noisy)] = 1e3   # anything at padding hits
+    again = set_loss(obj, noisy, mask, targets)
+    assert again["loss"].item() == pytest.approx(base["loss"].item(), rel=1e-12)
+    base["loss"].backward()
+    assert torch.isfinite(assign.grad).all() and float(assign.grad.abs().sum()) > 0
+    assert bool((assign.grad[~mask[:, None, :].expand_as(assign)] == 0).all())
+
+
+def test_perfect_prediction_has_a_lower_loss_than_a_random_one():
+    obj, assign, mask, targets = _sector_problem(4)
+    good_obj = torch.full_like(obj, -8.0)
+    good = torch.full_like(assign, -8.0)
+    for s, t in enumerate(targets):
+        good_obj[s, : t.shape[0]] = 8.0
+        good[s, : t.shape[0]] = torch.where(t, 8.0, -8.0).double()
+    assert set_loss(good_obj, good, mask, targets)["loss"].item() < 0.05 * set_loss(obj, assign, mask, targets)["loss"].item()
+
+
+def test_sector_targets_select_target_particles_with_enough_hits():
+    pid = torch.tensor([0, 1, 1, 1, 2, 2, 3, 3, 3, 3, 1])
+    mask = torch.tensor([True] * 10 + [False])
+    is_target = torch.tensor([True, True, True, True, True, True, False, False, False, False, True])
+    masks, ids = sector_targets(pid, mask, is_target, min_hits=3)
+    assert ids.tolist() == [1]                        # 2 has two hits, 3 is no target, the padding hit is not counted
+    assert masks.tolist() == [[False, True, True, True] + [False] * 7]
+    with pytest.raises(ValueError, match="min_hits"):
+        sector_targets(pid, mask, is_target, min_hits=0)
+
+
+def test_criterion_arguments_are_checked():
+    with pytest.raises(ValueError, match="focal"):
+        SetCriterionWeights(focal=-1.0)
+    with pytest.raises(ValueError, match="alpha"):
+        SetCriterionWeights(alpha=2.0)
+    with pytest.raises(ValueError, match="NaN"):
+        match_slots(torch.tensor([[float("nan")]]))
+    with pytest.raises(ValueError, match="sectors"):
+        set_loss(torch.zeros(2, 3), torch.zeros(2, 3, 4), torch.ones(2, 4, dtype=torch.bool), [torch.zeros(0, 4)])
+
+
+def test_phi_sectors_cut_equal_counts_in_phi_order():
+    phi = torch.tensor([[0.3, -2.0, 1.0, 2.5, -0.5, 0.0, 3.0, -3.0, 9.9, 9.9]])
+    mask = torch.tensor([[True] * 8 + [False] * 2])
+    sec = phi_sectors(phi, mask, k=3)
+    got = [sec.index[i][sec.mask[i]].tolist() for i in range(3)]
+    order = torch.argsort(phi[0, :8]).tolist()       # [7, 1, 4, 5, 0, 2, 3, 6]
+    assert got == [order[0:3], order[3:6], order[6:8]]
+    assert sec.index.shape == (3, 4)                  # L = ⌈10 / 3⌉ from the padded size
+    wide = phi_sectors(phi, mask, k=2, overlap=0.25)
+    rows = [wide.index[i][wide.mask[i]].tolist() for i in range(2)]
+    assert rows == [[order[7]] + order[0:5], order[3:8] + [order[0]]]   # one hit more on each side, cyclic
+    for bad in ({"k": 0}, {"k": 2, "overlap": 0.7}):
+        with pytest.raises(ValueError, match="k must|overlap"):
+            phi_sectors(phi, mask, **bad)
+
+
+def test_every_real_hit_is_in_exactly_one_sector_without_overlap():
+    g = torch.Generator().manual_seed(0)
+    phi = torch.rand(3, 50, generator=g) * 6.28 - 3.14
+    mask = torch.rand(3, 50, generator=g) > 0.3
+    mask[2] = False
+    mask[2, :2] = True                                 # fewer real hits than sectors
+    sec = phi_sectors(phi, mask, k=4)
+    for b in range(3):
+        hits = torch.cat([sec.index[b * 4 + s][sec.mask[b * 4 + s]] for s in range(4)])
+        assert sorted(hits.tolist()) == torch.nonzero(mask[b]).flatten().tolist()
+    x = torch.randn(3, 50, 5, generator=g)
+    xs = gather_sectors(x, sec)
+    assert xs.shape == (12, 13, 5) and bool((xs[~sec.mask] == 0).all())
+    torch.testing.assert_close(xs[4][sec.mask[4]], x[1, sec.index[4][sec.mask[4]]])
+
+
+def _decoder(**kw) -> TrackDecoder:
+    torch.manual_seed(0)
+    return TrackDecoder(dim=16, num_slots=5, heads=4, n_layers=2, **kw).double().eval()
+
+
+@pytest.mark.parametrize("attention_mask", [False, True])
+def test_batched_sectors_equal_sectors_run_one_at_a_time(attention_mask):
+    dec = _decoder(attention_mask=attention_mask)
+    g = torch.Generator().manual_seed(1)
+    hits = torch.randn(3, 12, 16, generator=g, dtype=torch.float64)
+    mask = torch.ones(3, 12, dtype=torch.bool)
+    mask[1, 7:] = False
+    mask[2, 3:] = False
+    with torch.no_grad():
+        batched = dec(hits, mask)
+        for s in range(3):
+            n = int(mask[s].sum())
+            alone = dec(hits[s:s + 1, :n])
+            assert len(alone) == len(batched) == 2
+            for a, b in zip(alone, batched):
+                torch.testing.assert_close(a.object_logits[0], b.object_logits[s], rtol=1e-10, atol=1e-10)
+                torch.testing.assert_close(a.assign_logits[0], b.assign_logits[s, :, :n], rtol=1e-10, atol=1e-10)
+
+
+def test_padding_hits_are_never_assigned():
+    dec = _decoder()
+    g = torch.Generator().manual_seed(2)
+    hits = torch.randn(2, 9, 16, generator=g, dtype=torch.float64) * 5
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[0, 4:] = False
+    mask[1] = False                                    # a sector without a single real hit
+    with torch.no_grad():
+        out = dec(hits, mask)[-1]
+    assert torch.isfinite(out.assign_logits).all() and torch.isfinite(out.object_logits).all()
+    labels, scores = assign_hits(out, mask, threshold=0.0)
+    assert bool((labels[~mask] == -1).all()) and bool((scores[~mask] == 0).all())
+    assert bool((labels[mask] >= 0).all())             # threshold 0: every real hit takes its best slot
+    hi = DecoderOutput(torch.full((2, 5), 20.0), torch.full((2, 5, 9), 20.0))
+    labels, _ = assign_hits(hi, mask, threshold=0.5)
+    assert bool((labels[~mask] == -1).all())
+    lo = DecoderOutput(torch.full((2, 5), -20.0), torch.zeros(2, 5, 9))
+    assert bool((assign_hits(lo, mask, threshold=0.5)[0] == -1).all())   # below threshold: no track
+
+
+def test_labels_go_back_to_the_events_hits():
+    phi = torch.tensor([[0.1, -1.0, 2.0, -2.5, 1.2, 0.5], [3.0, -3.0, 0.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[True] * 6, [True, True, False, False, False, False]])
+    sec = phi_sectors(phi, mask, k=2, overlap=0.5)
+    labels = torch.where(sec.mask, torch.arange(sec.index.shape[1]).expand_as(sec.index) % 3, torch.full_like(sec.index, -1))
+    scores = torch.rand(sec.index.shape, generator=torch.Generator().manual_seed(0)) * sec.mask
+    out = labels_to_hits(labels, scores, sec, num_hits=6, num_slots=3)
+    assert out.shape == (2, 6) and bool((out[~mask] == -1).all())
+    for b in range(2):
+        for h in torch.nonzero(mask[b]).flatten().tolist():
+            cands = [(float(scores[b * 2 + s, j]), s * 3 + int(labels[b * 2 + s, j]))
+                     for s in range(2) for j in range(sec.index.shape[1])
+                     if sec.mask[b * 2 + s, j] and int(sec.index[b * 2 + s, j]) == h]
+            assert cands and int(out[b, h]) == max(cands)[1]
+
+
+def test_decoder_arguments_are_checked():
+    with pytest.raises(ValueError, match="divisible"):
+        TrackDecoder(dim=10, num_slots=4, heads=4)
+    with pytest.raises(ValueError, match="num_slots"):
+        TrackDecoder(dim=16, num_slots=0, heads=4)
+    dec = _decoder()
+    with pytest.raises(ValueError, match=r"hits must be \(S, n, 16\)"):
+        dec(torch.zeros(2, 3, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="mask"):
+        dec(torch.zeros(2, 3, 16, dtype=torch.float64), torch.ones(2, 4, dtype=torch.bool))
