@@ -74,7 +74,7 @@ def test_two_processes_under_torchrun_match_one_process(tmp_path: Path) -> None:
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(HERE / "engine_toy_task.py"), "cli", "train", *DDP_SETS, "--out", str(ddp)],
-                          env=env, capture_output=True, text=True, timeout=240)
+                          env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     assert "2 process(es)" in proc.stdout
 

@@ -167,7 +167,7 @@ def _faulty(fault: tuple, program: str, *args: str, **popen) -> subprocess.Popen
 def _run_faulty(fault: tuple, program: str, *args: str) -> subprocess.CompletedProcess:
     proc = _faulty(fault, program, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:  # hung: do not leave it behind
             proc.kill()
@@ -354,7 +354,7 @@ def test_second_run_into_a_folder_in_use_is_refused(point: str, straight, tmp_pa
     run = tmp_path / "run"
     first = _faulty((*PAUSES[point], "pause"), "train", *SETS, "--out", str(run),
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    watchdog = threading.Timer(120, first.kill)  # a hung first run must not hang the suite
+    watchdog = threading.Timer(900, first.kill)  # a hung first run must not hang the suite
     watchdog.start()
     try:
         lines = []
@@ -371,7 +371,7 @@ def test_second_run_into_a_folder_in_use_is_refused(point: str, straight, tmp_pa
             else:  # a folder that already holds run files is refused before the lock is even tried
                 assert "already holds a run" in err, err
             assert _snapshot(run) == before, flags
-        out, err = first.communicate("\n", timeout=120)
+        out, err = first.communicate("\n", timeout=900)
     finally:
         watchdog.cancel()
         if first.poll() is None:

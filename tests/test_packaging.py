@@ -84,7 +84,7 @@ for mod in ("pointformers.data.tracking", "pointformers.data.shapes", "pointform
 import pointformers.attention, pointformers.models  # the core needs none of them
 print("core ok")
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr
     lines = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines() if line != "core ok")

@@ -60,7 +60,7 @@ def test_sigkill_during_epoch_3_then_resume_equals_straight_run(tmp_path: Path, 
     assert main(["train", *sets, "--out", str(straight)]) == 0
 
     proc = subprocess.run([sys.executable, str(SCRIPT), "cli", "train", *sets, "--out", str(killed)],
-                          env=_env(TOY_KILL_AT_EPOCH="3"), capture_output=True, text=True, timeout=120)
+                          env=_env(TOY_KILL_AT_EPOCH="3"), capture_output=True, text=True, timeout=900)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert load_checkpoint(killed / "last.pt")["epoch"] == 2  # epochs 1-2 completed, epoch 3 died
     assert len(_epochs(killed)) == 2

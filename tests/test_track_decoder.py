@@ -200,10 +200,10 @@ def test_padding_hits_are_never_assigned():
     labels, scores = assign_hits(out, mask, threshold=0.0)
     assert bool((labels[~mask] == -1).all()) and bool((scores[~mask] == 0).all())
     assert bool((labels[mask] >= 0).all())             # threshold 0: every real hit takes its best slot
-    hi = DecoderOutput(torch.full((2, 5), 20.0), torch.full((2, 5, 9), 20.0))
+    hi = DecoderOutput(torch.full((2, 5), 20.0), torch.full((2, 5, 9), 20.0), torch.zeros(2, 5, 16))
     labels, _ = assign_hits(hi, mask, threshold=0.5)
     assert bool((labels[~mask] == -1).all())
-    lo = DecoderOutput(torch.full((2, 5), -20.0), torch.zeros(2, 5, 9))
+    lo = DecoderOutput(torch.full((2, 5), -20.0), torch.zeros(2, 5, 9), torch.zeros(2, 5, 16))
     assert bool((assign_hits(lo, mask, threshold=0.5)[0] == -1).all())   # below threshold: no track
 
 

@@ -106,11 +106,13 @@ def gather_sectors(x: torch.Tensor, sectors: Sectors) -> torch.Tensor:
 
 
 class DecoderOutput(NamedTuple):
-    """One stage of predictions: ``object_logits`` ``(S, M)`` and ``assign_logits`` ``(S, M, n)`` (values at
-    padding hits are meaningless: mask them)."""
+    """One stage of predictions: ``object_logits`` ``(S, M)``, ``assign_logits`` ``(S, M, n)`` (values at
+    padding hits are meaningless: mask them) and the normed slot states ``slots`` ``(S, M, dim)`` the heads
+    read (for heads of one's own, e.g. track parameters)."""
 
     object_logits: torch.Tensor
     assign_logits: torch.Tensor
+    slots: torch.Tensor
 
 
 class _Attention(nn.Module):
@@ -193,7 +195,7 @@ class TrackDecoder(nn.Module):
     def predict(self, slots: torch.Tensor, hits: torch.Tensor) -> DecoderOutput:
         """The heads on slots ``(S, M, dim)`` and normed hit features ``(S, n, dim)``."""
         z = self.out_norm(slots)
-        return DecoderOutput(self.class_head(z).squeeze(-1), torch.einsum("smd,snd->smn", self.mask_embed(z), hits))
+        return DecoderOutput(self.class_head(z).squeeze(-1), torch.einsum("smd,snd->smn", self.mask_embed(z), hits), z)
 
     def _allowed(self, mask: torch.Tensor, prev: Optional[DecoderOutput]) -> torch.Tensor:
         """(S, 1, M, n) bool: which hits each slot may attend to. A row with nothing allowed (a sector with
