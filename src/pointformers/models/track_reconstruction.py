@@ -14,7 +14,6 @@ around any attention mechanism (HEPT by default); its per-hit features feed
 :meth:`TrackReconstructor.track_labels` is the inference: each real hit takes its best slot of its
 sector, or −1 below the score threshold; labels are unique within an event.
 """
-from __future__ import annotations
 
 from typing import NamedTuple, Optional
 

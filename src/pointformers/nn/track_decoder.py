@@ -91,7 +91,7 @@ def phi_sectors(phi: torch.Tensor, mask: Optional[torch.Tensor], k: int, overlap
     j = torch.arange(length, device=phi.device)
     pos = torch.remainder(start[..., None] + j, n_real.clamp_min(1)[:, None, None])  # (B, k, L)
     smask = j < count[..., None]
-    index = torch.gather(order, 1, pos.reshape(b, -1)).reshape(b, k, length)
+    index = torch.gather(order[:, None, :].expand(b, k, n), 2, pos)        # (B, k, L), no reshape of symbolic sizes
     index = torch.where(smask, index, torch.zeros_like(index))
     return Sectors(index.reshape(b * k, length), smask.reshape(b * k, length), k)
 
