@@ -44,9 +44,10 @@ test-release: $(STAMP)
 
 # Fault injection (tests/test_fault_injection.py, docs/reliability.md): kills, full disk, read-only
 # and concurrent run folders, damaged files of every format, hostile tensors. Two worker processes
-# sharing out single tests (most start a killed or faulty run as a process of its own), one thread each.
+# sharing out single tests as each becomes free (most start a killed or faulty run as a process of its
+# own), one thread each.
 test-faults: $(STAMP)
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist load -m faults
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist worksteal -m faults
 
 # Build the wheel, install it (torch==2.13.0 first) into a fresh venv in a temporary folder and
 # use it from outside the source tree: package data, core-only imports, the shipped checkpoint,
