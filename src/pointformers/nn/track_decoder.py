@@ -146,7 +146,8 @@ class _DecoderLayer(nn.Module):
 
     def forward(self, slots: torch.Tensor, hits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         slots = slots + self.cross(self.norm_cross(slots), hits, allowed)
-        slots = slots + self.self_attn(self.norm_self(slots), self.norm_self(slots), None)
+        z = self.norm_self(slots)
+        slots = slots + self.self_attn(z, z, None)
         return slots + self.ffn(self.norm_ffn(slots))
 
 

@@ -101,12 +101,12 @@ def sector_targets(particle_id: torch.Tensor, hit_mask: torch.Tensor, is_target:
 
 def _check_pred(object_logits: torch.Tensor, assign_logits: torch.Tensor, hit_mask: torch.Tensor,
                 target_masks: torch.Tensor) -> None:
-    m, n = assign_logits.shape[-2:] if assign_logits.dim() == 2 else (None, None)
-    if assign_logits.dim() != 2 or object_logits.shape != (m,) or hit_mask.shape != (n,):
+    if assign_logits.dim() != 2 or object_logits.shape != assign_logits.shape[:1] \
+            or hit_mask.shape != assign_logits.shape[1:]:
         raise ValueError(f"set criterion: expected object_logits (M,), assign_logits (M, n) and hit_mask (n,), got "
                          f"{tuple(object_logits.shape)}, {tuple(assign_logits.shape)}, {tuple(hit_mask.shape)}")
-    if target_masks.dim() != 2 or target_masks.shape[1] != n:
-        raise ValueError(f"set criterion: target_masks must be (T, {n}), got {tuple(target_masks.shape)}")
+    if target_masks.dim() != 2 or target_masks.shape[1] != hit_mask.shape[0]:
+        raise ValueError(f"set criterion: target_masks must be (T, {hit_mask.shape[0]}), got {tuple(target_masks.shape)}")
 
 
 def sigmoid_focal(logits: torch.Tensor, targets: torch.Tensor, alpha: float = 0.25, gamma: float = 2.0) -> torch.Tensor:
@@ -119,12 +119,15 @@ def sigmoid_focal(logits: torch.Tensor, targets: torch.Tensor, alpha: float = 0.
     return a_t * ce * (1 - p_t) ** gamma
 
 
+def _dice(overlap: torch.Tensor, p_sum: torch.Tensor, t_sum: torch.Tensor) -> torch.Tensor:
+    """``1 − (2·overlap + 1) / (p_sum + t_sum + 1)``: the smoothed dice loss from its three sums."""
+    return 1 - (2 * overlap + 1) / (p_sum + t_sum + 1)
+
+
 def dice_loss(probs: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Dice loss per row: ``1 − (2 Σ w p t + 1) / (Σ w p + Σ w t + 1)``; ``probs``, ``targets`` ``(K, n)``,
     ``weight`` ``(n,)`` (1 for real hits, 0 for padding); returns ``(K,)``."""
-    num = 2 * (probs * targets * weight).sum(-1) + 1
-    den = (probs * weight).sum(-1) + (targets * weight).sum(-1) + 1
-    return 1 - num / den
+    return _dice((probs * targets * weight).sum(-1), (probs * weight).sum(-1), (targets * weight).sum(-1))
 
 
 def pair_costs(object_logits: torch.Tensor, assign_logits: torch.Tensor, hit_mask: torch.Tensor,
@@ -146,7 +149,7 @@ def pair_costs(object_logits: torch.Tensor, assign_logits: torch.Tensor, hit_mas
         neg = sigmoid_focal(x, torch.zeros_like(x), weights.alpha, weights.gamma) * w
         focal = (pos @ t.T + neg @ (1 - t).T) / n_real
         p = torch.sigmoid(x) * w
-        dice = 1 - (2 * p @ t.T + 1) / (p.sum(-1)[:, None] + (t * w).sum(-1)[None, :] + 1)
+        dice = _dice(p @ t.T, p.sum(-1)[:, None], (t * w).sum(-1)[None, :])
         cls = -torch.sigmoid(object_logits.double())[:, None]
         return weights.cls * cls + weights.focal * focal + weights.dice * dice
 
