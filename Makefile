@@ -55,16 +55,16 @@ test-faults: $(STAMP)
 wheel-smoke:
 	PYTHON=$(PYTHON) bash scripts/wheel_smoke.sh
 
-# Every example script (examples/*.py and examples/export_onnx_cpp/export_and_run.py), one CPU
-# thread each, with its time; any non-zero exit fails the target. Each takes well under a minute.
-EXAMPLES := $(sort $(wildcard examples/*.py)) examples/export_onnx_cpp/export_and_run.py
+# Every example script (examples/*.py and examples/export_onnx_cpp/export_and_run.py), two at a
+# time, one CPU thread each, each one's output and time printed when it ends; any non-zero exit
+# fails the target (scripts/run_examples.sh; JOBS=1 runs them one after the other).
+# The longest (the shape classifier's training) starts first.
+LONGEST_EXAMPLE := examples/train_shape_classifier.py
+EXAMPLES := $(LONGEST_EXAMPLE) $(filter-out $(LONGEST_EXAMPLE),$(sort $(wildcard examples/*.py))) \
+	examples/export_onnx_cpp/export_and_run.py
 
 examples: $(STAMP)
-	@set -e; for script in $(EXAMPLES); do \
-		echo "== $$script"; t0=$$(date +%s); \
-		OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python $$script; \
-		echo "== $$script: ok ($$(( $$(date +%s) - t0 )) s)"; \
-	done
+	bash scripts/run_examples.sh $(BIN)/python $(EXAMPLES)
 
 # The HTML API reference from the docstrings (pdoc, the `docs` extra) in build/api/; fails on any
 # pdoc warning (a module that does not import, a docstring or annotation it cannot process).

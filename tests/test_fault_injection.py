@@ -17,9 +17,9 @@ and has the one outcome it must have.
   not already check: NaN/inf in real rows, float64 range, dtypes, empty and one-point clouds).
 
 Faults are injected by wrapping the calls :func:`pointformers.files.atomic_write` makes
-(``tempfile.mkstemp``, ``os.fdopen``, ``os.replace``), see :class:`Fault`; in a subprocess for
-kills (this file is also the script: ``python tests/test_fault_injection.py TARGET NTH STAGE
-ACTION PROGRAM ARGS...``). Marker ``faults``: run by ``make test-faults`` (a step of ``.ci/run``),
+(``tempfile.mkstemp``, ``os.fdopen``, ``os.replace``), see :class:`Fault`; in a fork of the test
+process for kills (:class:`_Child`; the file is also a script doing the same in a process of its
+own: ``python tests/test_fault_injection.py TARGET NTH STAGE ACTION PROGRAM ARGS...``). Marker ``faults``: run by ``make test-faults`` (a step of ``.ci/run``),
 not by ``make test``.
 """
 from __future__ import annotations
@@ -34,7 +34,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import signal
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -151,28 +153,103 @@ class Fault:
         return self
 
 
-def _env() -> dict[str, str]:
-    env = {**os.environ, "CI": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
-    return env
+class _Child:
+    """``_script(argv)`` in a fork of this test process: the imports are done already (a fresh
+    interpreter spends half a minute importing torch on a slow shared machine, and the suite starts
+    16 of them). stdout goes to a pipe (``stdout``: read it line by line) when ``interactive``, with
+    ``stdin`` a pipe too; otherwise to a file; stderr always to a file. Offers the parts of
+    ``subprocess.Popen`` the tests use. A kill (``os._exit``) ends the fork exactly as it ends a
+    process of its own: nothing flushed, no cleanup, the file system as the kill left it."""
+
+    def __init__(self, argv: list[str], interactive: bool = False):
+        self._err = tempfile.TemporaryFile()
+        self._out = None if interactive else tempfile.TemporaryFile()
+        out_r, out_w = os.pipe() if interactive else (None, self._out.fileno())
+        in_r, in_w = os.pipe() if interactive else (None, None)
+        sys.stdout.flush(), sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns
+            code = 1
+            try:
+                os.dup2(out_w, 1)
+                os.dup2(self._err.fileno(), 2)
+                if in_r is not None:
+                    os.dup2(in_r, 0)
+                    os.close(in_w)
+                    os.close(out_r)
+                sys.stdin = open(0, closefd=False)
+                sys.stdout = open(1, "w", buffering=1, closefd=False)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                os.environ.update(CI="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+                torch.set_num_threads(1)
+                warnings.simplefilter("ignore")
+                code = _script(argv)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush(), sys.stderr.flush()
+                os._exit(code)
+        self.returncode: int | None = None
+        self.stdin = self.stdout = None
+        if interactive:
+            os.close(in_r), os.close(out_w)
+            self.stdin, self.stdout = open(in_w, "w", buffering=1), open(out_r)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def communicate(self, input: str | None = None, timeout: float | None = None) -> tuple[str, str]:
+        """Send ``input`` (interactive), wait for the exit; (stdout, stderr)."""
+        if self.stdin is not None:
+            if input:
+                self.stdin.write(input)
+            self.stdin.close()
+        if self.stdout is not None:
+            out = self.stdout.read()  # to the end: the child closes its end when it exits
+            self.stdout.close()
+        self.wait(timeout)
+        if self._out is not None:
+            self._out.seek(0)
+            out = self._out.read().decode(errors="replace")
+        self._err.seek(0)
+        return out, self._err.read().decode(errors="replace")
 
 
-def _faulty(fault: tuple, program: str, *args: str, **popen) -> subprocess.Popen:
-    """This file as a script: install ``Fault(*fault)``, then run ``program``."""
+def _faulty(fault: tuple, program: str, *args: str, interactive: bool = False) -> _Child:
+    """``Fault(*fault)`` installed in a fork of this process, which then runs ``program``."""
     target, nth, stage, action = fault
-    return subprocess.Popen([sys.executable, __file__, target, str(nth), stage, action, program, *args],
-                            env=_env(), text=True, **popen)
+    return _Child([target, str(nth), stage, action, program, *args], interactive)
 
 
 def _run_faulty(fault: tuple, program: str, *args: str) -> subprocess.CompletedProcess:
-    proc = _faulty(fault, program, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = _faulty(fault, program, *args)
     try:
         out, err = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:  # hung: do not leave it behind
             proc.kill()
             proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return subprocess.CompletedProcess([program, *args], proc.returncode, out, err)
 
 
 # ====================================================================== run state
@@ -352,15 +429,14 @@ PAUSES = {"before-config.yaml": ("config.yaml", 1, "before-replace"),
 @pytest.mark.parametrize("point", sorted(PAUSES))
 def test_second_run_into_a_folder_in_use_is_refused(point: str, straight, tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
-    first = _faulty((*PAUSES[point], "pause"), "train", *SETS, "--out", str(run),
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = _faulty((*PAUSES[point], "pause"), "train", *SETS, "--out", str(run), interactive=True)
     watchdog = threading.Timer(900, first.kill)  # a hung first run must not hang the suite
     watchdog.start()
     try:
         lines = []
         while (line := first.stdout.readline()) and line.strip() != PAUSED:
             lines.append(line)
-        assert line.strip() == PAUSED, "".join(lines) + first.stderr.read()[-3000:]
+        assert line.strip() == PAUSED, "".join(lines) + first.communicate(timeout=900)[1][-3000:]
         before = _snapshot(run)
         assert before[LOCK_NAME].split()[0] == str(first.pid).encode()
         for flags in ([], ["--resume"], ["--overwrite"]):
