@@ -43,13 +43,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="pointformers-example-") as tmp:
         # The shipped config, shrunk: 4 classes with 24 / 6 / 12 shapes each (train / val / test),
         # 128 points per shape, mini-batches of 8 shapes, a 32-wide two-layer model that samples
-        # 32 of the 128 tokens per layer (the config's 25 %), 12 epochs.
+        # 32 of the 128 tokens per layer (the config's 25 %), 6 epochs.
         overrides = [
             f"data.cache_dir={tmp}/data", "data.preset=tiny", f"data.classes=[{', '.join(CLASSES)}]",
             "data.per_class=[24, 6, 12]", "data.num_points=128", "data.mini_batch=8",
             f"model.options.num_classes={len(CLASSES)}", "model.options.dim=32", "model.options.heads=4",
             "model.options.depth=2", "model.options.k=32", "model.options.head_k=64",
-            "train.epochs=12", "train.step_size=8", "train.lr=0.005", "train.device=cpu", "train.progress=false",
+            "train.epochs=6", "train.step_size=4", "train.lr=0.005", "train.device=cpu", "train.progress=false",
             "train.tensorboard=false",
         ]
         cfg = load_config(CONFIG, overrides)

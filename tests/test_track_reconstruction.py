@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pointformers.models.track_reconstruction import TRACK_PARAMS, TrackReconstructor, track_parameters
+from pointformers.models.track_reconstruction import TRACK_PARAMS, TrackReconstructor, merge_fragments, track_parameters
 from pointformers.tasks.tracking.set_criterion import sector_targets, set_loss
 
 SMALL = dict(dim=16, heads=2, n_layers=2, num_slots=8, block_size=32, num_regions=4, decoder_heads=2)
@@ -43,11 +43,12 @@ def test_batched_events_equal_events_run_alone(overlap):
     clouds = _clouds()
     x, coords, mask = _pad(clouds)
     with torch.no_grad():
-        out = model(x, coords, mask)
-        labels = model.labels_from(out, x.shape[1])
+        out = model(x, coords, mask, outputs=True)
+        labels = model(x, coords, mask)
+        torch.testing.assert_close(model.labels_from(out, x.shape[1]), labels)
         for b, (xi, ci) in enumerate(clouds):
             n = xi.shape[0]
-            alone = model(xi[None], ci[None])
+            alone = model(xi[None], ci[None], outputs=True)
             torch.testing.assert_close(alone.hit_logits[0], out.hit_logits[b, :n], rtol=1e-9, atol=1e-9)
             k = model.num_sectors
             for a, s in zip(alone.stages, out.stages):
@@ -66,7 +67,7 @@ def test_the_set_loss_trains_the_model():
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(25):
-        out = model(x[None], coords[None])
+        out = model(x[None], coords[None], outputs=True)
         sec = out.sectors
         targets = [sector_targets(pid[sec.index[s]], sec.mask[s], torch.ones_like(sec.mask[s]), min_hits=2)[0]
                    for s in range(sec.index.shape[0])]
@@ -92,3 +93,23 @@ def test_track_parameters_and_arguments():
         TrackReconstructor(threshold=1.0)
     with pytest.raises(ValueError, match="batch dimension"):
         _model()(*_clouds((10,))[0])
+    with pytest.raises(ValueError, match="^outputs: the training outputs need padded input"):
+        _model()(*_clouds((10,))[0], outputs=True, batch=torch.zeros(10, dtype=torch.long))
+
+
+def test_merge_fragments_joins_the_nearest_track_per_event():
+    labels = torch.tensor([[0, 0, 0, 5, 7, 7, 7, 7, -1, 9],
+                           [3, 3, 4, -1, -1, -1, -1, -1, -1, -1]])
+    emb = torch.zeros(2, 10, 2, dtype=torch.float64)
+    emb[0, :3] = torch.tensor([0.0, 0.0])        # track 0 around (0, 0)
+    emb[0, 4:8] = torch.tensor([10.0, 0.0])      # track 7 around (10, 0)
+    emb[0, 3] = torch.tensor([9.0, 1.0])         # fragment 5: nearest to track 7
+    emb[0, 9] = torch.tensor([1.0, -1.0])        # fragment 9: nearest to track 0
+    emb[0, 8] = torch.tensor([10.0, 0.0])        # no track: stays -1
+    out = merge_fragments(labels, emb)
+    assert out[0].tolist() == [0, 0, 0, 7, 7, 7, 7, 7, -1, 0]
+    assert out[1].tolist() == labels[1].tolist()   # no track of more than 2 hits there: unchanged
+    assert merge_fragments(labels[0], emb[0]).tolist() == out[0].tolist()
+    assert merge_fragments(labels, emb, max_hits=3)[0].tolist() == [7, 7, 7, 7, 7, 7, 7, 7, -1, 7]
+    with pytest.raises(ValueError, match="max_hits"):
+        merge_fragments(labels, emb, max_hits=0)

@@ -9,3 +9,4 @@ from . import gnn  # noqa: F401,E402  (registers tracking-edgeconv, tracking-gra
 from . import pileup  # noqa: F401,E402  (registers hept-pileup, pileup-encoder)
 from . import sft_models, samsa_models, sampled_models, flt_models, set_models, baselines  # noqa: F401,E402  (point/sequence/set models)
 from . import point_mae  # noqa: F401,E402  (point-mae pre-training and its point-mae-cls fine-tuning model)
+from . import track_reconstruction  # noqa: F401,E402  (track-reconstruction: hits to tracks end to end)

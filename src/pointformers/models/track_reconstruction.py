@@ -11,8 +11,11 @@ around any attention mechanism (HEPT by default); its per-hit features feed
 * a track-parameter head on each slot's final state: ``log pT``, the charge logit, η and (cos φ, sin φ)
   of the slot's track (beyond the published design).
 
-:meth:`TrackReconstructor.track_labels` is the inference: each real hit takes its best slot of its
-sector, or −1 below the score threshold; labels are unique within an event.
+:meth:`TrackReconstructor.forward` is the inference (what export traces): each real hit takes its best slot
+of its sector, or −1 below the score threshold; labels are unique within an event. ``forward(...,
+outputs=True)`` returns everything the losses need instead (:class:`TrackOutput`; the engine's task calls it
+so, through DistributedDataParallel when distributed), and :func:`merge_fragments` is the optional
+post-processing step of the published design (fragments of at most two hits join the most similar track).
 """
 
 from typing import NamedTuple, Optional
@@ -20,10 +23,12 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 
-from ..nn.track_decoder import DecoderOutput, Sectors, TrackDecoder, assign_hits, gather_sectors, labels_to_hits, phi_sectors
+from ..data.batch import accepts_flat_inputs
+from ..nn.track_decoder import Sectors, TrackDecoder, assign_hits, gather_sectors, labels_to_hits, phi_sectors
 from .point_encoder import PointTransformerJK
+from .registry import register_model
 
-__all__ = ["TrackReconstructor", "TrackOutput", "TRACK_PARAMS", "track_parameters"]
+__all__ = ["TrackReconstructor", "TrackOutput", "TRACK_PARAMS", "track_parameters", "merge_fragments"]
 
 #: The track-parameter head's outputs, in order.
 TRACK_PARAMS = ("log_pt", "charge_logit", "eta", "cos_phi", "sin_phi")
@@ -94,10 +99,23 @@ class TrackReconstructor(nn.Module):
                                     attention_mask=attention_mask)
         self.param_head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, len(TRACK_PARAMS)))
 
-    def forward(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor] = None) -> TrackOutput:
+    def forward(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor] = None, *,
+                outputs: bool = False, batch: Optional[torch.Tensor] = None, ptr: Optional[torch.Tensor] = None):
+        """Track labels ``(B, N)`` int64 (−1: no track, and at padding), or with ``outputs=True`` the
+        :class:`TrackOutput` the losses need. Flat PyG-style input (``x (N, F)``, ``coords (N, c)``,
+        ``batch=`` or ``ptr=``) gives the labels ``(N,)`` in the input's order."""
+        if batch is not None or ptr is not None:
+            if outputs:
+                raise ValueError("outputs: the training outputs need padded input (B, N, ·) with a mask; flat input "
+                                 "(batch= or ptr=) gives the track labels only")
+            return self.track_labels(x, coords, mask, batch=batch, ptr=ptr)
+        out = self._outputs(x, coords, mask)
+        return out if outputs else self.labels_from(out, x.shape[1])
+
+    def _outputs(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor]) -> TrackOutput:
         if x.dim() == 2:   # one event (N, F)
             raise ValueError("x: expected a padded batch (B, N, F) with coords (B, N, c); add a batch dimension "
-                             "for one event (x[None], coords[None])")
+                             "for one event (x[None], coords[None]), or give flat input with batch= or ptr=")
         if mask is None:
             mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         h = self.encoder(x, coords, mask)                                    # (B, N, dim), checked inputs
@@ -111,12 +129,63 @@ class TrackReconstructor(nn.Module):
         labels, scores = assign_hits(out.stages[-1], out.sectors.mask, self.threshold)
         return labels_to_hits(labels, scores, out.sectors, num_hits, self.num_slots)
 
+    @accepts_flat_inputs(2, 2, per_point=True)
     def track_labels(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Inference: ``(B, N)`` int64 track label of every hit, unique within an event, −1 for none."""
-        return self.labels_from(self.forward(x, coords, mask), x.shape[1])
+        """Inference: ``(B, N)`` int64 track label of every hit, unique within an event, −1 for none (the
+        forward's default output); flat input with ``batch=``/``ptr=`` as the forward."""
+        return self.labels_from(self._outputs(x, coords, mask), x.shape[1])
 
 
 def track_parameters(params: torch.Tensor) -> dict[str, torch.Tensor]:
     """The parameter head's raw outputs ``(..., 5)`` as physics: ``pt`` [GeV], ``charge`` (±1), ``eta``, ``phi``."""
     return {"pt": params[..., 0].exp(), "charge": torch.where(params[..., 1] >= 0, 1.0, -1.0).to(params.dtype),
             "eta": params[..., 2], "phi": torch.atan2(params[..., 4], params[..., 3])}
+
+
+def merge_fragments(labels: torch.Tensor, embedding: torch.Tensor, max_hits: int = 2) -> torch.Tensor:
+    """Fragments join the most similar track (the published design's post-processing).
+
+    A track of at most ``max_hits`` hits is a fragment; each fragment joins, as a whole, the track of
+    more than ``max_hits`` hits of the same event whose mean hit embedding is nearest (Euclidean) to the
+    fragment's mean embedding. Fragments stay as they are in an event without such a track.
+
+    Args:
+        labels: ``(B, N)`` or ``(N,)`` int64 track labels (−1 = no track, never changed).
+        embedding: ``(B, N, D)`` or ``(N, D)`` hit embeddings (e.g. :attr:`TrackOutput.embedding`).
+        max_hits: the largest fragment, ``>= 1``.
+
+    Returns:
+        The new labels, the shape of ``labels``.
+    """
+    if not isinstance(max_hits, int) or isinstance(max_hits, bool) or max_hits < 1:
+        raise ValueError(f"max_hits: expected an integer >= 1, got {max_hits!r}")
+    one = labels.dim() == 1
+    if one:
+        labels, embedding = labels[None], embedding[None]
+    if labels.dim() != 2 or embedding.dim() != 3 or embedding.shape[:2] != labels.shape:
+        raise ValueError(f"merge_fragments: expected labels (B, N) and embedding (B, N, D), got "
+                         f"{tuple(labels.shape)} and {tuple(embedding.shape)}")
+    out = labels.clone()
+    for b in range(labels.shape[0]):
+        lab = labels[b]
+        real = lab >= 0
+        if not bool(real.any()):
+            continue
+        ids, inv, counts = torch.unique(lab[real], return_inverse=True, return_counts=True)
+        emb = embedding[b][real].double()
+        centres = torch.zeros(ids.numel(), emb.shape[1], dtype=emb.dtype, device=emb.device).index_add_(0, inv, emb)
+        centres = centres / counts[:, None]
+        frag, whole = counts <= max_hits, counts > max_hits
+        if not bool(frag.any()) or not bool(whole.any()):
+            continue
+        nearest = torch.cdist(centres[frag], centres[whole]).argmin(1)          # (fragments,)
+        new_id = ids.clone()
+        new_id[frag] = ids[whole][nearest]
+        out[b, real] = new_id[inv]
+    return out[0] if one else out
+
+
+@register_model("track-reconstruction", task="track-reconstruction", export=None)
+def track_reconstruction(**options) -> TrackReconstructor:
+    """End-to-end tracks from hits: a point encoder, phi-sectors and a track-slot decoder (labels per hit)."""
+    return TrackReconstructor(**options)

@@ -1,4 +1,5 @@
-"""The ``tracking`` task for configs and the CLI (registered at import as ``task.name: tracking``).
+"""The ``tracking`` and ``track-reconstruction`` tasks for configs and the CLI (registered at import as
+``task.name: tracking`` and ``task.name: track-reconstruction``).
 
 Config sections (defaults: the HEPT authors' tracking settings)::
 
@@ -19,8 +20,18 @@ track-matching metrics ``evaluate --split test`` reports (:mod:`.metrics`). ``n_
 generated events, e.g. a shorter ``tracking-6k`` run on fewer 6k-hit clouds; ``sector_ds``,
 ``sector_di``, ``sector_slope`` likewise replace the φ-sector options (the HEPT authors' class
 defaults 1.1, 1e-4 and "auto"; their build script passes ``sector_ds: 1.3, sector_di: 0``). The
-validation metric is ``ap@k`` (maximised). Everything here is glue around
-:mod:`.training`, :mod:`.core` and :mod:`.display`.
+validation metric is ``ap@k`` (maximised).
+
+``track-reconstruction`` (the end-to-end model, :mod:`.reconstruction`) has the same ``data:`` section
+and the tracking task's keys, plus::
+
+    task: {name: track-reconstruction, w_class: 0.1, w_focal: 200.0, w_dice: 2.0,   # cost = loss weights
+           focal_alpha: 0.25, focal_gamma: 2.0, min_hits: 3,     # a sector's targets: >= 3 of their hits
+           hit_weight: 1.0, embed_weight: 1.0, param_weight: 1.0, # auxiliary losses (0 turns one off)
+           merge_max_hits: 2}                                     # fragments joined at evaluation (0: off)
+
+Its validation metric is ``trackml_score`` (maximised). Everything here is glue around
+:mod:`.training`, :mod:`.reconstruction`, :mod:`.core` and :mod:`.display`.
 """
 from __future__ import annotations
 
@@ -30,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from ..registry import TaskSpec, register_task
 
-__all__ = ["TRACKING_SPEC", "tracking_cache_files"]
+__all__ = ["TRACKING_SPEC", "RECONSTRUCTION_SPEC", "tracking_cache_files"]
 
 _DATA_SCHEMA = {"preset": (str,), "seed": (int,), "cache_dir": (str, None), "n_events": (int, None),
                 "sector_ds": (float, None), "sector_di": (float, None), "sector_slope": (str, None)}
@@ -194,4 +205,61 @@ TRACKING_SPEC = register_task(TaskSpec(
     task_schema=_TASK_SCHEMA, task_defaults=_TASK_DEFAULTS,
     load=_load, build=_build, metric="ap@k", mode="max", validate=_validate, generate=_generate,
     default_model="hept-tracking", baselines=_baselines, plot=_plot,
+))
+
+
+# ---------------------------------------------------------------------------- track-reconstruction
+#: The end-to-end task's own keys (the set criterion, the auxiliary weights, fragment merging) on top of
+#: the tracking task's (InfoNCE options, pair building, matching cuts).
+_RECO_OWN_SCHEMA = {"w_class": (float,), "w_focal": (float,), "w_dice": (float,), "focal_alpha": (float,),
+                    "focal_gamma": (float,), "min_hits": (int,), "hit_weight": (float,), "embed_weight": (float,),
+                    "param_weight": (float,), "merge_max_hits": (int,)}
+_RECO_OWN_DEFAULTS = {"w_class": 0.1, "w_focal": 200.0, "w_dice": 2.0, "focal_alpha": 0.25, "focal_gamma": 2.0,
+                      "min_hits": 3, "hit_weight": 1.0, "embed_weight": 1.0, "param_weight": 1.0, "merge_max_hits": 2}
+
+
+def _build_reconstruction(cfg: Mapping[str, Any]):
+    from .reconstruction import TrackReconstructionTask
+    from .set_criterion import SetCriterionWeights
+
+    t = cfg["task"]
+    try:
+        weights = SetCriterionWeights(t["w_class"], t["w_focal"], t["w_dice"], t["focal_alpha"], t["focal_gamma"])
+    except ValueError as exc:  # name the config keys, not the dataclass fields
+        raise ValueError(str(exc).replace("SetCriterionWeights.cls", "w_class").replace("SetCriterionWeights.focal",
+                         "w_focal").replace("SetCriterionWeights.dice", "w_dice")
+                         .replace("SetCriterionWeights.alpha", "focal_alpha").replace("SetCriterionWeights.gamma",
+                         "focal_gamma")) from None
+    return TrackReconstructionTask(weights, t["min_hits"], t["pt_min"], t["hit_weight"], t["embed_weight"],
+                                   t["param_weight"], t["similarity"], t["tau"], t["sigma"], t["random_pairs"],
+                                   t["merge_max_hits"], t["match_pt_min"], t["match_eta_max"])
+
+
+def _validate_reconstruction(cfg: Mapping[str, Any]) -> None:
+    _validate(cfg)   # the data section and the shared task keys
+    try:
+        _build_reconstruction(cfg)
+    except ValueError as exc:
+        raise ValueError(f"task.{str(exc).splitlines()[0]}") from None
+
+
+def _load_reconstruction(cfg: Mapping[str, Any], splits: Sequence[str], progress: bool = False) -> dict[str, list]:
+    """As the tracking task's, training clouds with their labelled pairs only when the InfoNCE term is on."""
+    if cfg["task"]["embed_weight"] > 0:
+        return _load(cfg, splits, progress)
+    from .training import load_tracking_splits, prepare_tracking_clouds
+
+    d = cfg["data"]
+    events = load_tracking_splits(data_params(d), splits, cache_dir=d["cache_dir"], seed=d["seed"])
+    return {s: prepare_tracking_clouds(events[s], with_pairs=False, pt_min=cfg["task"]["pt_min"]) for s in splits}
+
+
+RECONSTRUCTION_SPEC = register_task(TaskSpec(
+    name="track-reconstruction",
+    description="end-to-end tracking: an encoder and a track-slot decoder from hits to track labels, "
+                "scored by the TrackML score and track matching",
+    data_schema=_DATA_SCHEMA, data_defaults=_DATA_DEFAULTS,
+    task_schema={**_TASK_SCHEMA, **_RECO_OWN_SCHEMA}, task_defaults={**_TASK_DEFAULTS, **_RECO_OWN_DEFAULTS},
+    load=_load_reconstruction, build=_build_reconstruction, metric="trackml_score", mode="max",
+    validate=_validate_reconstruction, generate=_generate, default_model="track-reconstruction",
 ))

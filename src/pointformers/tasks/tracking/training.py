@@ -78,6 +78,10 @@ class TrackingCloud:
             :func:`cloud_particle_eta`).
         sector_own: ``(n,)`` bool, the event's ``sector_own`` on φ-sector clouds (hits of the
             particles the sector owns), None for whole events.
+        particle_q: ``(n,)`` int64 charge of each hit's particle (0 for noise), None when unknown.
+        particle_phi: ``(n,)`` float64 azimuth of each hit's particle momentum at production
+            (0 for noise), None when unknown. With ``pt`` and ``particle_eta`` the truth of the
+            end-to-end model's track-parameter head.
     """
 
     inputs: TrackingInputs
@@ -88,6 +92,8 @@ class TrackingCloud:
     weight: torch.Tensor | None = None
     particle_eta: torch.Tensor | None = None
     sector_own: torch.Tensor | None = None
+    particle_q: torch.Tensor | None = None
+    particle_phi: torch.Tensor | None = None
 
     @property
     def num_hits(self) -> int:
@@ -236,7 +242,9 @@ def prepare_tracking_clouds(
         weight = torch.as_tensor(np.asarray(ev.weight, dtype=np.float64))
         eta = torch.as_tensor(np.nan_to_num(ev.per_hit(particle_eta(ev.px, ev.py, ev.pz), 0.0), nan=0.0))
         own = None if ev.sector_own is None else torch.as_tensor(np.asarray(ev.sector_own, dtype=bool))
-        out.append(TrackingCloud(inp, half_e, half_p, ev if keep_events else None, pt_min, weight, eta, own))
+        q = torch.as_tensor(ev.per_hit(np.asarray(ev.q, dtype=np.int64), 0))
+        phi = torch.as_tensor(ev.per_hit(np.arctan2(np.asarray(ev.py, np.float64), np.asarray(ev.px, np.float64)), 0.0))
+        out.append(TrackingCloud(inp, half_e, half_p, ev if keep_events else None, pt_min, weight, eta, own, q, phi))
     return out
 
 

@@ -1,0 +1,266 @@
+"""The engine's task for end-to-end track reconstruction (model ``track-reconstruction``): the set loss
+with the encoder's auxiliary losses, and evaluation on tracks, not embeddings.
+
+Loss of one cloud (:meth:`TrackReconstructionTask.losses`), the terms of the HEPT authors' set-decoder
+design plus a track-parameter term:
+
+* ``set``: for every decoder layer (deep supervision) and every φ-sector, Hungarian matching of slots to
+  the sector's target particles (pT > ``pt_min``, hits on at least three pixel layers, at least
+  ``min_hits`` hits in the sector) and the class, focal and dice losses with the matching's own weights
+  (:mod:`.set_criterion`), summed over layers;
+* ``hit``: ``hit_weight`` × the binary cross-entropy of the hit classifier against "hit of a target
+  particle";
+* ``embed``: ``embed_weight`` × HEPT's InfoNCE of the hit embedding on the cloud's labelled pairs plus
+  fresh random pairs (:class:`~.training.TrackingTask`'s loss, same options);
+* ``params``: ``param_weight`` × the track-parameter loss of the last layer's matched slots: smooth-L1 on
+  log pT, η, cos φ and sin φ of the matched particle (momentum at production), and the binary
+  cross-entropy of the charge logit.
+
+Evaluation (:meth:`~TrackReconstructionTask.evaluate`): the model's track labels (fragments of at most
+``merge_max_hits`` hits joined to the most similar track by embedding, :func:`merge_fragments`) scored by
+the TrackML score and the track-matching metrics (:mod:`.metrics`); :meth:`evaluate_report` adds the
+track-parameter resolutions of the double-majority matched tracks.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...models.track_reconstruction import TrackOutput, merge_fragments, track_parameters
+from .metrics import OVERALL_KEYS, match_tracks
+from .set_criterion import SetCriterionWeights, match_slots, pair_costs, sector_targets, set_loss
+from .trackml_score import trackml_score, trackml_score_split
+from .training import TrackingCloud, TrackingTask, cloud_particle_eta, cloud_truth_weights, track_matching_report
+
+__all__ = ["TrackReconstructionTask", "PARAM_KEYS", "parameter_resolutions"]
+
+#: The track-parameter resolutions :meth:`TrackReconstructionTask.evaluate_report` adds.
+PARAM_KEYS = ("pt_rel_res", "eta_res", "phi_res", "charge_acc", "param_tracks")
+
+
+def _number(v, name: str, lo: float = 0.0) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo:
+        raise ValueError(f"{name}: must be a finite number >= {lo:g}, got {v!r}")
+    return float(v)
+
+
+def _wrap(a: np.ndarray) -> np.ndarray:
+    """Angles to (−π, π]."""
+    return np.arctan2(np.sin(a), np.cos(a))
+
+
+def _robust_width(r: np.ndarray) -> float:
+    """The spread of residuals, 1.4826 × the median absolute deviation (the standard deviation of a
+    Gaussian core, not pulled by a few mismatched tracks); NaN for none."""
+    if r.size == 0:
+        return float("nan")
+    return float(1.4826 * np.median(np.abs(r - np.median(r))))
+
+
+def parameter_resolutions(predicted: dict[str, np.ndarray], truth: dict[str, np.ndarray]) -> dict[str, float]:
+    """Resolutions of track parameters against the truth of the tracks' particles.
+
+    Args:
+        predicted, truth: ``pt``, ``eta``, ``phi``, ``charge`` arrays ``(T,)`` of the same tracks.
+
+    Returns:
+        ``pt_rel_res`` (width of pT_pred / pT_true − 1), ``eta_res`` and ``phi_res`` (widths of the
+        differences, φ wrapped), widths as 1.4826 × MAD; ``charge_acc`` (fraction with the right sign) and
+        ``param_tracks`` (T).
+    """
+    t = len(truth["pt"])
+    return {"pt_rel_res": _robust_width(predicted["pt"] / truth["pt"] - 1),
+            "eta_res": _robust_width(predicted["eta"] - truth["eta"]),
+            "phi_res": _robust_width(_wrap(predicted["phi"] - truth["phi"])),
+            "charge_acc": float(np.mean(np.sign(predicted["charge"]) == np.sign(truth["charge"]))) if t else float("nan"),
+            "param_tracks": float(t)}
+
+
+class TrackReconstructionTask:
+    """Set loss plus auxiliary losses; track-level evaluation (the engine's task protocol).
+
+    Args:
+        weights: the matching-cost and loss weights (:class:`~.set_criterion.SetCriterionWeights`).
+        min_hits: hits a target particle needs in a sector to be one of its targets.
+        pt_min: the target particles' pT cut [GeV] (also the InfoNCE positives').
+        hit_weight, embed_weight, param_weight: weights of the auxiliary hit-classifier, InfoNCE and
+            track-parameter losses (0 turns one off).
+        similarity, tau, sigma, random_pairs: the InfoNCE options (:class:`~.training.TrackingTask`).
+        merge_max_hits: fragments of at most this many hits join the most similar track at evaluation
+            (0: no merging).
+        match_pt_min, match_eta_max: the particle cuts of the track-matching metrics.
+    """
+
+    def __init__(self, weights: SetCriterionWeights = SetCriterionWeights(), min_hits: int = 3, pt_min: float = 0.9,
+                 hit_weight: float = 1.0, embed_weight: float = 1.0, param_weight: float = 1.0,
+                 similarity: str = "l2_rbf", tau: float = 0.05, sigma: float = 0.75, random_pairs: float = 0.2,
+                 merge_max_hits: int = 2, match_pt_min: float = 0.9, match_eta_max: float = 4.0):
+        if not isinstance(weights, SetCriterionWeights):
+            raise ValueError(f"weights: expected a SetCriterionWeights, got {type(weights).__name__}")
+        if isinstance(min_hits, bool) or not isinstance(min_hits, int) or min_hits < 1:
+            raise ValueError(f"min_hits: must be an integer >= 1, got {min_hits!r}")
+        if isinstance(merge_max_hits, bool) or not isinstance(merge_max_hits, int) or merge_max_hits < 0:
+            raise ValueError(f"merge_max_hits: must be an integer >= 0 (0: no merging), got {merge_max_hits!r}")
+        self.weights, self.min_hits, self.merge_max_hits = weights, min_hits, merge_max_hits
+        self.hit_weight = _number(hit_weight, "hit_weight")
+        self.embed_weight = _number(embed_weight, "embed_weight")
+        self.param_weight = _number(param_weight, "param_weight")
+        # the InfoNCE term and the matching cuts are the embedding task's (its checks name the option)
+        self.embedding_task = TrackingTask(similarity, tau, sigma, random_pairs, pt_min,
+                                           match_pt_min=match_pt_min, match_eta_max=match_eta_max)
+        self.pt_min = self.embedding_task.pt_min
+        self.match_pt_min, self.match_eta_max = self.embedding_task.match_pt_min, self.embedding_task.match_eta_max
+        #: The last :meth:`evaluate_report`'s track-matching tables, None before one.
+        self.track_report: dict | None = None
+
+    # ------------------------------------------------------------------ training
+    def is_target(self, cloud: TrackingCloud) -> torch.Tensor:
+        """``(n,)`` bool: hits of target particles (pT > ``pt_min``, reconstructable)."""
+        inp = cloud.inputs
+        return (inp.particle_id > 0) & inp.reconstructable & (inp.pt > self.pt_min)
+
+    def losses(self, out: TrackOutput, cloud: TrackingCloud,
+               generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """Every term of one cloud's loss from the model's outputs (``forward(..., outputs=True)`` on the
+        cloud as a batch of one): ``{"loss", "set", "hit", "embed", "params"}``, scalars (unweighted
+        parts; ``loss`` is the weighted sum)."""
+        dev = out.hit_logits.device
+        pid = cloud.inputs.particle_id.to(dev)
+        target = self.is_target(cloud).to(dev)
+        sec = out.sectors
+        if out.hit_logits.shape[0] != 1:
+            raise ValueError(f"out: expected the outputs of one cloud (batch 1), got a batch of {out.hit_logits.shape[0]}")
+        targets, ids = [], []
+        for s in range(sec.index.shape[0]):
+            m, i = sector_targets(pid[sec.index[s]], sec.mask[s], target[sec.index[s]], self.min_hits)
+            targets.append(m)
+            ids.append(i)
+        set_total = out.hit_logits.new_zeros(())
+        last_matches = None
+        for stage in out.stages:
+            matches = [match_slots(pair_costs(stage.object_logits[s], stage.assign_logits[s], sec.mask[s], targets[s],
+                                              self.weights)) for s in range(len(targets))]
+            set_total = set_total + set_loss(stage.object_logits, stage.assign_logits, sec.mask, targets, self.weights,
+                                             matches)["loss"]
+            last_matches = matches
+        hit = F.binary_cross_entropy_with_logits(out.hit_logits[0], target.to(out.hit_logits.dtype))
+        zero = out.hit_logits.new_zeros(())
+        embed = zero
+        if self.embed_weight > 0:
+            pairs = cloud.training_pairs(self.embedding_task.random_pairs, generator)
+            embed = self.embedding_task.pair_loss(out.embedding[0], pairs.to(dev))
+        params = self._param_loss(out, cloud, targets, last_matches) if self.param_weight > 0 else zero
+        total = set_total + self.hit_weight * hit + self.embed_weight * embed + self.param_weight * params
+        return {"loss": total, "set": set_total, "hit": hit, "embed": embed, "params": params}
+
+    def _param_loss(self, out: TrackOutput, cloud: TrackingCloud, targets: list, matches: list) -> torch.Tensor:
+        """Track-parameter loss of the matched slots of the last layer (mean over matched slots)."""
+        if cloud.particle_q is None or cloud.particle_phi is None:
+            raise ValueError("cloud: has no particle charge and azimuth (particle_q, particle_phi); prepare it with "
+                             "prepare_tracking_clouds, or set param_weight to 0")
+        dev = out.params.device
+        inp = cloud.inputs
+        eta = torch.as_tensor(cloud_particle_eta(cloud))
+        truth = torch.stack([inp.pt.double().clamp_min(1e-3).log(), (cloud.particle_q > 0).double(), eta.double(),
+                             cloud.particle_phi.double().cos(), cloud.particle_phi.double().sin()], -1).to(dev)
+        pred, want = [], []
+        for s, (rows, cols) in enumerate(matches):
+            if len(rows) == 0:
+                continue
+            first = targets[s][torch.as_tensor(cols, device=dev)].int().argmax(1)   # a hit of each matched target
+            hits = out.sectors.index[s][first]
+            pred.append(out.params[s, torch.as_tensor(rows, device=dev)])
+            want.append(truth[hits].to(out.params.dtype))
+        if not pred:
+            return out.params.new_zeros(())
+        p, t = torch.cat(pred), torch.cat(want)
+        reg = F.smooth_l1_loss(p[:, [0, 2, 3, 4]], t[:, [0, 2, 3, 4]])
+        return reg + F.binary_cross_entropy_with_logits(p[:, 1], t[:, 1])
+
+    def loss(self, model: nn.Module, cloud: TrackingCloud, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The weighted loss of one cloud (the engine's entry point)."""
+        dev = next(model.parameters()).device
+        out = model(cloud.inputs.x.to(dev)[None], cloud.inputs.coords.to(dev)[None], outputs=True)
+        return self.losses(out, cloud, generator)["loss"]
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def predict(self, model: nn.Module, clouds: Sequence[TrackingCloud]) -> list[tuple[np.ndarray, TrackOutput]]:
+        """Per cloud: track labels ``(n,)`` int64 (−1: no track; fragments merged) and the model's outputs
+        (CPU), model in eval mode."""
+        was_training = model.training
+        model.eval()
+        try:
+            dev = next(model.parameters()).device
+            res = []
+            for c in clouds:
+                x, coords = c.inputs.x.to(dev)[None], c.inputs.coords.to(dev)[None]
+                out = model(x, coords, outputs=True)
+                labels = model.labels_from(out, c.num_hits)
+                if self.merge_max_hits > 0:
+                    labels = merge_fragments(labels, out.embedding, self.merge_max_hits)
+                res.append((labels[0].cpu().numpy(), out))
+            return res
+        finally:
+            model.train(was_training)
+
+    def _scores(self, labels: Sequence[np.ndarray], clouds: Sequence[TrackingCloud]) -> tuple[dict[str, float], dict]:
+        out = {"trackml_score": trackml_score_split([trackml_score(lab, c.inputs.particle_id, cloud_truth_weights(c))
+                                                     for lab, c in zip(labels, clouds)])}
+        report = track_matching_report(labels, clouds, self.match_pt_min, self.match_eta_max)
+        out.update({k: float(report["overall"][k]) for k in OVERALL_KEYS})
+        out["num_tracks"] = float(sum(len(np.unique(lab[lab >= 0])) for lab in labels))
+        return out, report
+
+    def evaluate(self, model: nn.Module, clouds: Sequence[TrackingCloud]) -> dict[str, float]:
+        """``trackml_score`` (the validation metric), the overall track-matching rates
+        (:data:`~.metrics.OVERALL_KEYS`) and ``num_tracks``, counts pooled over the clouds."""
+        return self._scores([lab for lab, _ in self.predict(model, clouds)], clouds)[0]
+
+    def evaluate_report(self, model: nn.Module, val_clouds: Sequence[TrackingCloud],
+                        test_clouds: Sequence[TrackingCloud]) -> dict[str, float]:
+        """What ``pointformers evaluate --split test`` reports: :meth:`evaluate` on ``test_clouds`` plus the
+        track-parameter resolutions (:func:`parameter_resolutions`, :data:`PARAM_KEYS`) of the
+        double-majority matched tracks of selected particles. The model needs no validation data (its
+        threshold is an option); ``val_clouds`` is accepted for the engine's interface. The full matching
+        result is kept in :attr:`track_report`."""
+        test_clouds = list(test_clouds)
+        if not test_clouds:
+            raise ValueError("test_clouds: need at least one test cloud to report on")
+        pred = self.predict(model, test_clouds)
+        out, report = self._scores([lab for lab, _ in pred], test_clouds)
+        self.track_report = report
+        got: dict[str, list] = {k: [] for k in ("pt", "eta", "phi", "charge")}
+        want: dict[str, list] = {k: [] for k in ("pt", "eta", "phi", "charge")}
+        for (labels, o), c in zip(pred, test_clouds):
+            m = match_tracks(labels, c.inputs.particle_id.numpy())
+            params = track_parameters(o.params.reshape(-1, o.params.shape[-1]).double().cpu())
+            pid = c.inputs.particle_id.numpy()
+            eta = cloud_particle_eta(c)
+            first = {p: i for i, p in reversed(list(enumerate(pid)))}    # a hit of every particle
+            for t in np.flatnonzero(m.dm):
+                p = int(m.particle_ids[m.majority[t]])
+                h = first[p]
+                if not (c.inputs.pt[h] >= self.match_pt_min and abs(eta[h]) < self.match_eta_max):
+                    continue
+                track = int(m.track_ids[t])
+                for k in got:
+                    got[k].append(float(params[k][track]))
+                want["pt"].append(float(c.inputs.pt[h]))
+                want["eta"].append(float(eta[h]))
+                want["phi"].append(float(c.particle_phi[h]) if c.particle_phi is not None else float("nan"))
+                want["charge"].append(float(c.particle_q[h]) if c.particle_q is not None else float("nan"))
+        out.update(parameter_resolutions({k: np.asarray(v) for k, v in got.items()},
+                                         {k: np.asarray(v) for k, v in want.items()}))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """The options, for logs."""
+        return {"weights": self.weights, "min_hits": self.min_hits, "pt_min": self.pt_min,
+                "hit_weight": self.hit_weight, "embed_weight": self.embed_weight, "param_weight": self.param_weight,
+                "merge_max_hits": self.merge_max_hits}
