@@ -75,8 +75,11 @@ def _mixers(model: nn.Module) -> list[TokenMixer]:
 
 
 def min_points(model: nn.Module) -> int:
-    """Smallest point count the exported graph accepts (sampling mechanisms fix k at export time)."""
-    return max([2] + [m.min_points() for m in _mixers(model)])
+    """Smallest point count the exported graph accepts: sampling mechanisms fix k at export time, and a
+    model may ask for more with a ``min_points()`` method of its own (the track reconstructor: two hits
+    per sector)."""
+    own = [model.min_points()] if callable(getattr(model, "min_points", None)) else []
+    return max([2] + own + [m.min_points() for m in _mixers(model)])
 
 
 def check_exportable(model: nn.Module) -> None:
@@ -195,7 +198,10 @@ def example_inputs(model: nn.Module, n: int | None = None, dtype: torch.dtype = 
 
 
 def _dynamic_shapes(model: nn.Module) -> dict:
-    n = torch.export.Dim("n_points", min=min_points(model), max=1 << 30)
+    """The point count, dynamic from :func:`min_points`. ``Dim.DYNAMIC`` still refuses a graph that fixes the
+    count, but accepts a guard the tracer cannot prove on its own over the range (the track reconstructor's
+    sector length ``⌈n/k⌉ ≠ 1``, true from ``2k`` points on); the exported file is checked on other counts."""
+    n = torch.export.Dim.DYNAMIC(min=min_points(model), max=1 << 30)
     return {"x": {0: n}, "coords": {0: n}}
 
 

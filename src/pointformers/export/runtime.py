@@ -93,7 +93,7 @@ class ExportedInference:
         if n < self.min_points:
             raise ValueError(f"x{where}: {n} points, but this exported {self.mechanism} model needs at least "
                              f"{self.min_points} (the point count it was exported for: "
-                             f"{'its sampler keeps k tokens' if self.min_points > 2 else 'a minimum of 2'})")
+                             f"{'its sampler keeps k tokens, or its sectors need two points each' if self.min_points > 2 else 'a minimum of 2'})")
         if not np.isfinite(x).all():
             raise ValueError(f"x{where} contains NaN or inf at real points")
         if not np.isfinite(coords).all():

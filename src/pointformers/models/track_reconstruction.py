@@ -124,6 +124,11 @@ class TrackReconstructor(nn.Module):
         return TrackOutput(self.embed_head(h), self.hit_head(h).squeeze(-1), sectors, stages,
                            self.param_head(stages[-1].slots))
 
+    def min_points(self) -> int:
+        """The fewest hits an exported graph takes: two per sector (a graph traced for longer sectors cannot
+        run sectors of one hit)."""
+        return 2 * self.num_sectors
+
     def labels_from(self, out: TrackOutput, num_hits: int) -> torch.Tensor:
         """Track labels ``(B, N)`` from a forward's output (−1 = no track, and at padding)."""
         labels, scores = assign_hits(out.stages[-1], out.sectors.mask, self.threshold)

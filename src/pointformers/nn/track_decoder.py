@@ -26,7 +26,6 @@ import math
 from typing import NamedTuple, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["TrackDecoder", "DecoderOutput", "Sectors", "phi_sectors", "gather_sectors", "assign_hits",
@@ -116,23 +115,29 @@ class DecoderOutput(NamedTuple):
 
 
 class _Attention(nn.Module):
-    """Multi-head attention with its own projections (scaled_dot_product_attention, boolean mask)."""
+    """Multi-head attention with its own projections and a boolean mask, written out (scores, masked
+    softmax, weighted sum), so that torch.export traces it for any hit count."""
 
     def __init__(self, dim: int, heads: int, dropout: float):
         super().__init__()
         self.heads = heads
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
-        self.dropout = dropout
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, q: torch.Tensor, kv: torch.Tensor, allowed: Optional[torch.Tensor]) -> torch.Tensor:
+        """q ``(S, M, dim)``, kv ``(S, n, dim)``, allowed ``(S, 1, M, n)`` bool or None -> ``(S, M, dim)``."""
         s, m, d = q.shape
         h = self.heads
 
-        def split(t: torch.Tensor) -> torch.Tensor:
-            return t.reshape(t.shape[0], t.shape[1], h, d // h).transpose(1, 2)
+        def split(proj: nn.Linear, t: torch.Tensor) -> torch.Tensor:   # (S, ·, d) -> (S, h, ·, d/h)
+            # the projection on (S·n, d) made by flatten: a Linear on (S, n, d) reshapes it, and that reshape makes
+            # torch.export guard on the hit count (n != 1) in a form it cannot prove
+            return proj(t.flatten(0, 1)).unflatten(0, t.shape[:2]).unflatten(-1, (h, d // h)).transpose(1, 2)
 
-        y = F.scaled_dot_product_attention(split(self.q(q)), split(self.k(kv)), split(self.v(kv)),
-                                           attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0)
+        scores = split(self.q, q) @ split(self.k, kv).transpose(-1, -2) * (d // h) ** -0.5     # (S, h, M, n)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        y = self.dropout(torch.softmax(scores, -1)) @ split(self.v, kv)
         return self.o(y.transpose(1, 2).reshape(s, m, d))
 
 
@@ -253,14 +258,14 @@ def labels_to_hits(labels: torch.Tensor, scores: torch.Tensor, sectors: Sectors,
     sector = torch.arange(bk, device=labels.device) % sectors.k
     track = torch.where(labels >= 0, sector[:, None] * num_slots + labels, torch.full_like(labels, -1))
     event = torch.arange(bk, device=labels.device) // sectors.k
-    flat = (event[:, None] * num_hits + sectors.index).reshape(-1)
-    valid = sectors.mask.reshape(-1)
+    flat = (event[:, None] * num_hits + sectors.index).flatten()
+    valid = sectors.mask.flatten()
     # one key per (hit, sector): the score first, the track label to break ties the same way every time
-    key = torch.where(valid, scores.reshape(-1).double() + 1, torch.zeros_like(scores.reshape(-1), dtype=torch.float64))
+    key = torch.where(valid, scores.flatten().double() + 1, torch.zeros_like(scores.flatten(), dtype=torch.float64))
     best = torch.zeros(b * num_hits, dtype=torch.float64, device=labels.device)
     best = best.scatter_reduce(0, flat, key, reduce="amax")
     win = valid & (key == best[flat])
     out = torch.full((b * num_hits,), -1, dtype=torch.int64, device=labels.device)
-    cand = torch.where(win, track.reshape(-1), torch.full_like(track.reshape(-1), -1))
+    cand = torch.where(win, track.flatten(), torch.full_like(track.flatten(), -1))
     out = out.scatter_reduce(0, flat, cand, reduce="amax")
     return out.reshape(b, num_hits)
