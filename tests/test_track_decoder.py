@@ -187,6 +187,17 @@ def test_batched_sectors_equal_sectors_run_one_at_a_time(attention_mask):
                 torch.testing.assert_close(a.assign_logits[0], b.assign_logits[s, :, :n], rtol=1e-10, atol=1e-10)
 
 
+def test_the_attention_mask_acts_only_when_asked_for():
+    """The mask threshold changes nothing without the Mask2Former mask (every slot sees every real hit at every
+    layer), and changes the later layers with it."""
+    g = torch.Generator().manual_seed(3)
+    hits = torch.randn(2, 12, 16, generator=g, dtype=torch.float64) * 3
+    with torch.no_grad():
+        for attention_mask, differ in ((False, False), (True, True)):
+            low, high = (_decoder(attention_mask=attention_mask, mask_threshold=t)(hits) for t in (0.3, 0.7))
+            assert (not torch.allclose(low[-1].assign_logits, high[-1].assign_logits)) == differ
+
+
 def test_padding_hits_are_never_assigned():
     dec = _decoder()
     g = torch.Generator().manual_seed(2)

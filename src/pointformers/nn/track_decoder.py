@@ -211,7 +211,8 @@ class TrackDecoder(nn.Module):
         allowed = mask[:, None, :].expand(s, self.num_slots, n)
         if prev is not None:
             claimed = (torch.sigmoid(prev.assign_logits) >= self.mask_threshold) & allowed
-            allowed = torch.where(claimed.any(-1, keepdim=True), claimed, allowed)
+            some = claimed.any(-1, keepdim=True)
+            allowed = (claimed & some) | (allowed & ~some)   # logical ops: ONNX Runtime has no boolean Where
         allowed = allowed | ~allowed.any(-1, keepdim=True)
         return allowed[:, None]
 
@@ -228,7 +229,7 @@ class TrackDecoder(nn.Module):
         prev = self.predict(slots, hits) if self.attention_mask else None
         outs = []
         for layer in self.layers:
-            slots = layer(slots, hits, self._allowed(mask, prev))
+            slots = layer(slots, hits, self._allowed(mask, prev if self.attention_mask else None))
             prev = self.predict(slots, hits)
             outs.append(prev)
         return outs
