@@ -24,7 +24,7 @@ track-parameter resolutions of the double-majority matched tracks.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -119,11 +119,6 @@ class TrackReconstructionTask:
         self.track_report: dict | None = None
 
     # ------------------------------------------------------------------ training
-    def is_target(self, cloud: TrackingCloud) -> torch.Tensor:
-        """``(n,)`` bool: hits of target particles (pT > ``pt_min``, reconstructable)."""
-        inp = cloud.inputs
-        return (inp.particle_id > 0) & inp.reconstructable & (inp.pt > self.pt_min)
-
     def losses(self, out: TrackOutput, cloud: TrackingCloud,
                generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """Every term of one cloud's loss from the model's outputs (``forward(..., outputs=True)`` on the
@@ -131,7 +126,7 @@ class TrackReconstructionTask:
         parts; ``loss`` is the weighted sum)."""
         dev = out.hit_logits.device
         pid = cloud.inputs.particle_id.to(dev)
-        target = self.is_target(cloud).to(dev)
+        target = cloud.target_hits(self.pt_min).to(dev)
         sec = out.sectors
         if out.hit_logits.shape[0] != 1:
             raise ValueError(f"out: expected the outputs of one cloud (batch 1), got a batch of {out.hit_logits.shape[0]}")
@@ -242,10 +237,9 @@ class TrackReconstructionTask:
             params = track_parameters(o.params.reshape(-1, o.params.shape[-1]).double().cpu())
             pid = c.inputs.particle_id.numpy()
             eta = cloud_particle_eta(c)
-            first = {p: i for i, p in reversed(list(enumerate(pid)))}    # a hit of every particle
+            ids, first = np.unique(pid, return_index=True)                # a hit of every particle
             for t in np.flatnonzero(m.dm):
-                p = int(m.particle_ids[m.majority[t]])
-                h = first[p]
+                h = int(first[np.searchsorted(ids, m.particle_ids[m.majority[t]])])
                 if not (c.inputs.pt[h] >= self.match_pt_min and abs(eta[h]) < self.match_eta_max):
                     continue
                 track = int(m.track_ids[t])
@@ -258,9 +252,3 @@ class TrackReconstructionTask:
         out.update(parameter_resolutions({k: np.asarray(v) for k, v in got.items()},
                                          {k: np.asarray(v) for k, v in want.items()}))
         return out
-
-    def describe(self) -> dict[str, Any]:
-        """The options, for logs."""
-        return {"weights": self.weights, "min_hits": self.min_hits, "pt_min": self.pt_min,
-                "hit_weight": self.hit_weight, "embed_weight": self.embed_weight, "param_weight": self.param_weight,
-                "merge_max_hits": self.merge_max_hits}

@@ -103,13 +103,13 @@ def _validate(cfg: Mapping[str, Any]) -> None:
         raise ValueError(f"task.max_num_neighbors: must be >= 1, got {t['max_num_neighbors']}")
 
 
-def _load(cfg: Mapping[str, Any], splits: Sequence[str], progress: bool = False) -> dict[str, list]:
-    """TrackingCloud samples per split; training clouds carry their labelled pairs."""
+def _load(cfg: Mapping[str, Any], splits: Sequence[str], progress: bool = False, pairs: bool = True) -> dict[str, list]:
+    """TrackingCloud samples per split; training clouds carry their labelled pairs (unless ``pairs`` is False)."""
     from .training import load_tracking_splits, prepare_tracking_clouds
 
     d, t = cfg["data"], cfg["task"]
     events = load_tracking_splits(data_params(d), splits, cache_dir=d["cache_dir"], seed=d["seed"])
-    return {s: prepare_tracking_clouds(events[s], with_pairs=s == "train", radius=t["radius"],
+    return {s: prepare_tracking_clouds(events[s], with_pairs=pairs and s == "train", radius=t["radius"],
                                        max_num_neighbors=t["max_num_neighbors"], pt_min=t["pt_min"],
                                        progress=progress and s == "train", desc=f"{s} pairs",
                                        cache_dir=d["cache_dir"])
@@ -218,6 +218,10 @@ _RECO_OWN_DEFAULTS = {"w_class": 0.1, "w_focal": 200.0, "w_dice": 2.0, "focal_al
                       "min_hits": 3, "hit_weight": 1.0, "embed_weight": 1.0, "param_weight": 1.0, "merge_max_hits": 2}
 
 
+#: SetCriterionWeights field -> its config key
+_WEIGHT_KEYS = {"cls": "w_class", "focal": "w_focal", "dice": "w_dice", "alpha": "focal_alpha", "gamma": "focal_gamma"}
+
+
 def _build_reconstruction(cfg: Mapping[str, Any]):
     from .reconstruction import TrackReconstructionTask
     from .set_criterion import SetCriterionWeights
@@ -225,11 +229,11 @@ def _build_reconstruction(cfg: Mapping[str, Any]):
     t = cfg["task"]
     try:
         weights = SetCriterionWeights(t["w_class"], t["w_focal"], t["w_dice"], t["focal_alpha"], t["focal_gamma"])
-    except ValueError as exc:  # name the config keys, not the dataclass fields
-        raise ValueError(str(exc).replace("SetCriterionWeights.cls", "w_class").replace("SetCriterionWeights.focal",
-                         "w_focal").replace("SetCriterionWeights.dice", "w_dice")
-                         .replace("SetCriterionWeights.alpha", "focal_alpha").replace("SetCriterionWeights.gamma",
-                         "focal_gamma")) from None
+    except ValueError as exc:  # name the config key, not the dataclass field
+        msg = str(exc)
+        for field, key in _WEIGHT_KEYS.items():
+            msg = msg.replace(f"SetCriterionWeights.{field}", key)
+        raise ValueError(msg) from None
     return TrackReconstructionTask(weights, t["min_hits"], t["pt_min"], t["hit_weight"], t["embed_weight"],
                                    t["param_weight"], t["similarity"], t["tau"], t["sigma"], t["random_pairs"],
                                    t["merge_max_hits"], t["match_pt_min"], t["match_eta_max"])
@@ -244,14 +248,8 @@ def _validate_reconstruction(cfg: Mapping[str, Any]) -> None:
 
 
 def _load_reconstruction(cfg: Mapping[str, Any], splits: Sequence[str], progress: bool = False) -> dict[str, list]:
-    """As the tracking task's, training clouds with their labelled pairs only when the InfoNCE term is on."""
-    if cfg["task"]["embed_weight"] > 0:
-        return _load(cfg, splits, progress)
-    from .training import load_tracking_splits, prepare_tracking_clouds
-
-    d = cfg["data"]
-    events = load_tracking_splits(data_params(d), splits, cache_dir=d["cache_dir"], seed=d["seed"])
-    return {s: prepare_tracking_clouds(events[s], with_pairs=False, pt_min=cfg["task"]["pt_min"]) for s in splits}
+    """As the tracking task's; training clouds carry labelled pairs only when the InfoNCE term is on."""
+    return _load(cfg, splits, progress, pairs=cfg["task"]["embed_weight"] > 0)
 
 
 RECONSTRUCTION_SPEC = register_task(TaskSpec(

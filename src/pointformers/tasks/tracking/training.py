@@ -103,6 +103,12 @@ class TrackingCloud:
     def has_pairs(self) -> bool:
         return self.half_edges is not None
 
+    def target_hits(self, pt_min: float) -> torch.Tensor:
+        """``(n,)`` bool: hits of target particles (not noise, reconstructable, pT above ``pt_min``): the
+        InfoNCE positives' filter and the end-to-end model's targets."""
+        inp = self.inputs
+        return (inp.particle_id != 0) & inp.reconstructable & (inp.pt > pt_min)
+
     def pairs(self) -> TrackingPairs:
         """The full undirected :class:`TrackingPairs` (both directions, int64)."""
         return self.training_pairs(0.0)
@@ -117,8 +123,7 @@ class TrackingCloud:
         if self.half_edges is None or self.half_positive is None:
             raise ValueError("cloud: has no pairs; prepare it with with_pairs=True to train on it")
         half, pos = self.half_edges.long(), self.half_positive
-        eligible = ((self.inputs.particle_id != 0) & self.inputs.reconstructable
-                    & (self.inputs.pt > self.pt_min))
+        eligible = self.target_hits(self.pt_min)
         if fraction > 0:
             extra = draw_random_pairs(2 * half.shape[1], self.inputs.particle_id, eligible, fraction, generator,
                                       one_way=True)  # random pairs hold no self pairs
