@@ -46,7 +46,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from .harness import machine, peak_bytes, recorded_command, reset_peak_rss, rss_bytes, write_section
+from .harness import machine, peak_bytes, recorded_command, release_free_memory, reset_peak_rss, rss_bytes, write_section
 from .seed_rule import MIN_SEEDS, compare, mean_std
 
 __all__ = ["compare_configs", "speed_comparison", "comparison_table", "speed_table", "check_orderings",
@@ -157,18 +157,6 @@ def _time_forward(model: torch.nn.Module, x: torch.Tensor, c: torch.Tensor, devi
     return times
 
 
-def _trim_heap() -> None:
-    """Give freed heap memory back to the OS (glibc ``malloc_trim``), so that memory a call reuses
-    from earlier calls shows up in its resident-size growth instead of being hidden."""
-    try:
-        import ctypes
-        import ctypes.util
-
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 @torch.no_grad()
 def _peak_mb(model: torch.nn.Module, x: torch.Tensor, c: torch.Tensor, device: torch.device) -> float:
     """Peak memory of one forward above what was held before it (see the module docstring)."""
@@ -180,7 +168,7 @@ def _peak_mb(model: torch.nn.Module, x: torch.Tensor, c: torch.Tensor, device: t
         model(x, c)
         torch.cuda.synchronize(device)
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    _trim_heap()
+    release_free_memory()
     reset_peak_rss()
     before = rss_bytes()
     model(x, c)

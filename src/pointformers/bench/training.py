@@ -41,7 +41,7 @@ import time
 
 import torch
 
-from .harness import machine, peak_bytes, recorded_command, reset_peak_rss, rss_bytes, run_isolated, write_section
+from .harness import machine, peak_bytes, recorded_command, release_free_memory, reset_peak_rss, rss_bytes, run_isolated, write_section
 
 DEFAULT_SIZES = (1600, 6000, 60000)
 #: Phases of a step, in the order they run (``loss`` and ``pairs`` are reported together).
@@ -146,6 +146,7 @@ def worker(name: str, n: int, repeats: int, threads: int, cache_dir: str | None)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     dev = torch.device("cpu")
+    release_free_memory()
     reset_peak_rss()
     before = rss_bytes()
     warm = step_phases(model, task, cloud, opt, gen, dev)
