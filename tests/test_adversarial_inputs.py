@@ -9,7 +9,7 @@ import pointformers
 from pointformers.attention import build
 
 OPTIONS = {"full": {}, "kernel": {"coord_dim": 3}, "hept": {"coord_dim": 3, "block_size": 16, "num_regions": 4},
-           "lsh_or": {"coord_dim": 3, "block_size": 16}, "performer": {"nb_features": 16},
+           "lsh_or": {"coord_dim": 3, "block_size": 16}, "coord_lsh": {"coord_dim": 3, "block_size": 16, "num_regions": 4}, "performer": {"nb_features": 16},
            "flt": {"nb_features": 16, "coord_dim": 3}, "sft": {"k": 8}, "samsa": {"k": 4},
            "sampled": {}, "knn": {"k": 8, "coord_dim": 3}, "serialized": {"patch_size": 16, "coord_dim": 3}}
 

@@ -21,6 +21,7 @@ OPTIONS = {
     "kernel": {"coord_dim": COORDS},
     "hept": {"coord_dim": COORDS, "block_size": 8, "n_hashes": 2, "num_regions": 4},
     "lsh_or": {"coord_dim": COORDS, "block_size": 8, "n_hashes": 2},
+    "coord_lsh": {"coord_dim": COORDS, "block_size": 8, "n_hashes": 2, "num_regions": 4},
     "performer": {"nb_features": 16},
     "flt": {"nb_features": 16, "num_rpe_features": 8, "rpe_type": "gaussian_basis"},
     "sft": {"k": 6},

@@ -27,6 +27,7 @@ PENDING: dict[str, str] = {}
 FORWARD_EXTRAS = {"sft": ("edge_attr",), "samsa": ("score_x",)}
 
 SMALL = {"hept": {"block_size": 8, "n_hashes": 2, "num_regions": 4}, "lsh_or": {"block_size": 8, "n_hashes": 2},
+         "coord_lsh": {"block_size": 8, "n_hashes": 2, "num_regions": 4},
          "sft": {"k": 4}, "samsa": {"k": 4}, "knn": {"k": 4}, "performer": {"nb_features": 8},
          "flt": {"nb_features": 8, "num_rpe_features": 4}, "serialized": {"patch_size": 8}}
 
@@ -86,6 +87,7 @@ def test_extra_repr_names_the_main_options(name):
     assert f"dim={m.dim}" in text and f"heads={m.heads}" in text
     assert "head_dim=" in m.extra_repr()
     main = {"hept": ("block_size", "n_hashes", "num_regions"), "lsh_or": ("block_size", "n_hashes"),
+            "coord_lsh": ("block_size", "n_hashes", "num_regions"),
             "sft": ("k",), "samsa": ("k",), "knn": ("k",), "performer": ("nb_features",),
             "flt": ("nb_features",), "serialized": ("patch_size", "curve")}.get(name, ())
     for option in main:

@@ -14,7 +14,8 @@ from pointformers.attention import set_exportable
 from pointformers.export import onnx_translation_table, supported_mechanisms
 
 OPTIONS = {"kernel": {"coord_dim": 3}, "hept": {"coord_dim": 3, "block_size": 16, "num_regions": 4},
-           "lsh_or": {"coord_dim": 3, "block_size": 16}, "performer": {"nb_features": 16},
+           "lsh_or": {"coord_dim": 3, "block_size": 16}, "coord_lsh": {"coord_dim": 3, "block_size": 16, "num_regions": 4},
+           "performer": {"nb_features": 16},
            "flt": {"nb_features": 16, "coord_dim": 3}, "sft": {"k": 8}, "samsa": {"k": 4},
            "serialized": {"patch_size": 16, "coord_dim": 3}}
 

@@ -7,12 +7,13 @@
 from .base import (ForwardContext, TokenMixer, UnsupportedExportError, check_attention_inputs, is_tracing, reset_module,
                    set_exportable)
 from .registry import MECHANISMS, MechanismInfo, available, build, entry, info, model_options, register
-from . import full, kernel, hept, lsh, sampled, knn, serialized, sft, samsa, performer, flt  # noqa: F401  (registration side effects)
+from . import full, kernel, hept, lsh, coord_lsh, sampled, knn, serialized, sft, samsa, performer, flt  # noqa: F401  (registration side effects)
 from .full import FullAttention
 from .kernel import KernelAttention
 from .hept import HEPTAttention
 from .hept_regions import HEPTContext, HEPTRegions
 from .lsh import LSHAttention
+from .coord_lsh import CoordLSHAttention
 from .performer import PerformerAttention
 from .flt import FLTAttention
 from .sft import SFTAttention, SFTBlock, SFTSample, SFTSampler
@@ -25,7 +26,7 @@ __all__ = ["available", "build", "register", "info", "entry", "model_options", "
            "TokenMixer", "ForwardContext", "UnsupportedExportError", "set_exportable", "is_tracing", "check_attention_inputs",
            "reset_module",
            # the mechanisms (every class registered with @register), by registry key
-           "FullAttention", "KernelAttention", "HEPTAttention", "LSHAttention", "PerformerAttention", "FLTAttention",
+           "FullAttention", "KernelAttention", "HEPTAttention", "LSHAttention", "CoordLSHAttention", "PerformerAttention", "FLTAttention",
            "SFTAttention", "SAMSAAttention", "KNNAttention", "SerializedAttention", "SampledAttention",
            # their public helpers
            "HEPTContext", "HEPTRegions", "SFTSampler", "SFTSample", "SFTBlock", "SAMSABlock", "KNNGraph"]
