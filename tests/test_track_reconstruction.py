@@ -37,9 +37,14 @@ def _model(**kw) -> TrackReconstructor:
     return TrackReconstructor(**{**SMALL, **kw}).double().eval()
 
 
-@pytest.mark.parametrize("overlap", [0.0, 0.2])
-def test_batched_events_equal_events_run_alone(overlap):
-    model = _model(overlap=overlap, threshold=0.0)
+#: The published encoder's design: coordinate-hashed softmax blocks, pre-RMSNorm SwiGLU blocks, the coordinate
+#: encoding at every layer.
+V2_ENCODER = dict(attention="coord_lsh", encoder_options={"norm": "rms", "ffn": "swiglu", "pe": "learned-each-layer"})
+
+
+@pytest.mark.parametrize("overlap,encoder", [(0.0, {}), (0.2, {}), (0.2, V2_ENCODER)])
+def test_batched_events_equal_events_run_alone(overlap, encoder):
+    model = _model(overlap=overlap, threshold=0.0, **encoder)
     clouds = _clouds()
     x, coords, mask = _pad(clouds)
     with torch.no_grad():
@@ -171,14 +176,15 @@ def test_task_losses_on_a_generated_cloud():
         TrackReconstructionTask(hit_weight=float("nan"))
 
 
-def test_the_exported_model_equals_the_eager_one(tmp_path):
+@pytest.mark.parametrize("encoder", [dict(attention="full"), V2_ENCODER], ids=["full", "v2"])
+def test_the_exported_model_equals_the_eager_one(tmp_path, encoder):
     """torch.export of the whole model, assignment step included: the file's track labels equal the eager
-    model's at point counts other than the traced one (full attention in the encoder here: the HEPT export
-    path has its own tests; the heavy suite exports the model with its HEPT encoder to ONNX)."""
+    model's at point counts other than the traced one (full attention, and the published encoder's design;
+    the HEPT export path has its own tests; the heavy suite exports the model with its HEPT encoder to ONNX)."""
     from pointformers.export import export_model, load_exported
     from pointformers.export.onnx_export import example_inputs
 
-    model = _model(attention="full", n_layers=1, threshold=0.0)
+    model = _model(n_layers=1, threshold=0.0, **encoder)
     model.registry_name = "track-reconstruction"
     run = load_exported(export_model(model, tmp_path / "m.pt2", format="torch.export", dtype=torch.float64))
     assert run.min_points == 2 * model.num_sectors
@@ -206,3 +212,28 @@ def test_the_exported_hept_model_equals_the_eager_one(tmp_path):
         with torch.no_grad():
             ref = model(x[None], coords[None])[0]
         assert torch.equal(torch.as_tensor(run(x, coords)).long(), ref), (fmt, n)
+
+
+def test_the_published_encoder_design_adds_the_coordinate_encoding_at_every_block():
+    model = _model(n_layers=3, **V2_ENCODER)
+    enc = model.encoder
+    assert all(b.norm_type == "rms" and b.activation == "swiglu" and b.mixer.registry_name == "coord_lsh"
+               for b in enc.blocks)
+    (x, coords), = _clouds(sizes=(120,))
+    seen, outs = {}, {}
+    hooks = [b.register_forward_pre_hook(lambda m, a, i=i: seen.__setitem__(i, a[0].clone())) for i, b in
+             enumerate(enc.blocks)]
+    hooks += [b.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, o.clone())) for i, b in
+              enumerate(enc.blocks)]
+    with torch.no_grad():
+        enc(x[None], coords[None])
+        p = enc.pos_encoder(coords[None])
+        torch.testing.assert_close(seen[0], enc.feat_encoder(x[None]) + p)
+        for i in (1, 2):   # each block's input: the previous block's output plus the encoding
+            torch.testing.assert_close(seen[i], outs[i - 1] + p)
+    for h in hooks:
+        h.remove()
+    with pytest.raises(ValueError, match="encoder_options"):
+        TrackReconstructor(**SMALL, encoder_options={"heads": 2})
+    with pytest.raises(ValueError, match="pe: expected"):
+        TrackReconstructor(**SMALL, encoder_options={"pe": "sinusoidal"})

@@ -33,7 +33,7 @@ def _norm(kind):
 
 @pytest.mark.parametrize("norm", ["layer", "rms", "none"])
 @pytest.mark.parametrize("position", ["pre", "post", "parallel"])
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])
 @pytest.mark.parametrize("rezero", [False, True])
 def test_layouts_match_their_formulas(norm, position, activation, rezero):
     torch.manual_seed(0)
@@ -48,7 +48,11 @@ def test_layouts_match_their_formulas(norm, position, activation, rezero):
     n, s = _norm(norm), (0.3 if rezero else 1.0)
     mix = lambda t: blk.mixer(t, None, mask)       # noqa: E731
     act = F.relu if activation == "relu" else F.gelu
-    ffn = lambda t: blk.ff[-1](act(blk.ff[0](t)))  # noqa: E731
+    if activation == "swiglu":   # W₂(SiLU(W_g t) ⊙ W_u t): the gate is the first half of w_in's rows
+        w_g, w_u = blk.ff.w_in.weight[:2 * D], blk.ff.w_in.weight[2 * D:]
+        ffn = lambda t: (F.silu(t @ w_g.T) * (t @ w_u.T)) @ blk.ff.w_out.weight.T  # noqa: E731
+    else:
+        ffn = lambda t: blk.ff[-1](act(blk.ff[0](t)))  # noqa: E731
     x0 = x.masked_fill(~mask[..., None], 0.0)
     if position == "pre":
         h = x0 + s * mix(n(x0))

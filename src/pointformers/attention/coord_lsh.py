@@ -30,9 +30,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..nn.norms import RMSNorm
 from .base import TokenMixer, check_attention_inputs, is_tracing
 from .flop_count import FlopCount, dense_core, padded, projections
 from .hept import sort_keys
@@ -54,23 +54,6 @@ def coord_lsh_flops(m: "CoordLSHAttention", n: int, dim: int, pos_dim: int | Non
     H, d, T, b = m.heads, m.head_dim, m.n_hashes, m.block_size
     f = FlopCount().add("projections", projections(n, dim, H, d))
     return f.add("block attention", H * T * dense_core(padded(n, b), d, d, keys=b))
-
-
-class RMSGain(nn.Module):
-    """RMS normalisation over the last dim with a learned gain: x / rms(x) · g. (…, d) -> (…, d).
-
-    Written out (no ``nn.RMSNorm``) so every exporter sees plain arithmetic."""
-
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
 def block_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_ok: torch.Tensor, scale: float):
@@ -131,8 +114,8 @@ class CoordLSHAttention(TokenMixer):
         self.num_regions, self.qk_norm, self.chunk_elems = num_regions, bool(qk_norm), chunk_elems
         self.scale = self.head_dim ** -0.5
         self._init_projections(heads * self.head_dim, bias)
-        self.q_norm = RMSGain(self.head_dim) if self.qk_norm else None
-        self.k_norm = RMSGain(self.head_dim) if self.qk_norm else None
+        self.q_norm = RMSNorm(self.head_dim) if self.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim) if self.qk_norm else None
         self.register_buffer("regions", sample_region_counts(num_regions, n_hashes, heads, generator))
         angle = 2 * math.pi * torch.rand(n_hashes, heads, generator=generator)
         self.register_buffer("directions", torch.stack([angle.cos(), angle.sin()], -1))

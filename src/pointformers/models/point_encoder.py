@@ -14,6 +14,10 @@ from ..data.batch import packed_layout, run_flat
 from ..nn import MLP, TransformerBlock, allocator
 
 
+#: The positional encodings of :class:`PointTransformerJK` (its ``pe``).
+PE_KINDS = ("none", "learned", "learned-each-layer")
+
+
 class PointTransformerJK(nn.Module):
     """Per-point embeddings from features and kernel coordinates (HEPT paper App. C.1, authors' code).
 
@@ -32,7 +36,12 @@ class PointTransformerJK(nn.Module):
         pe: "none" (HEPT: coordinates enter through its kernel) or "learned": the absolute
             positional encoding HEPT's transformer baselines use (authors' ``pe_type: learned``,
             HEPT paper Sec. 6.2): Linear(c, D) → LayerNorm → ReLU → Linear(D, D) of the coordinates, added to
-            the encoded features h₀ once, before the first block.
+            the encoded features h₀ once, before the first block. "learned-each-layer": the same
+            encoding added to the input of every block (the track-reconstruction encoder of the
+            HEPT authors' follow-up; the jumping-knowledge input h₀ holds it once).
+        norm: the blocks' norm, "layer" (HEPT) or "rms" (the follow-up's pre-RMSNorm blocks).
+        ffn: the blocks' feed-forward, "relu" (HEPT), "gelu" or "swiglu" (the follow-up; gated).
+        ffn_hidden: its hidden width (default D, HEPT's).
         padding: how HEPT fills a cloud up to a multiple of ``block_size``. ``"mask"`` (default,
             this project's contract): padded rows take no part in attention, so a cloud's output
             does not depend on its batch or on the tensor width. ``"duplicate"``: the authors'
@@ -56,10 +65,17 @@ class PointTransformerJK(nn.Module):
                  n_layers: int = 4, out_dim: int = 12, mlp_hidden: int = 256, mlp_layers: int = 5,
                  dropout: float = 0.1, attention: str = "hept", block_size: int = 100, n_hashes: int = 3,
                  num_regions: float = 150, attention_options: dict | None = None, pe: str = "none",
-                 padding: str = "mask"):
+                 padding: str = "mask", norm: str = "layer", ffn: str = "relu", ffn_hidden: int | None = None):
         super().__init__()
-        if pe not in ("none", "learned"):
-            raise ValueError(f"pe: expected 'none' or 'learned', got {pe!r}")
+        if pe not in PE_KINDS:
+            raise ValueError(f"pe: expected one of {PE_KINDS}, got {pe!r}")
+        if norm not in ("layer", "rms"):
+            raise ValueError(f"norm: expected 'layer' or 'rms', got {norm!r}")
+        if ffn not in ("relu", "gelu", "swiglu"):
+            raise ValueError(f"ffn: expected 'relu', 'gelu' or 'swiglu', got {ffn!r}")
+        if ffn_hidden is not None and (not isinstance(ffn_hidden, int) or ffn_hidden < 1):
+            raise ValueError(f"ffn_hidden: expected a positive int or None, got {ffn_hidden!r}")
+        self.pe = pe
         if padding not in ("mask", "duplicate"):
             raise ValueError(f"padding: expected 'mask' or 'duplicate', got {padding!r}")
         spec = attention_entry(attention).info  # ValueError listing the mechanisms if unknown
@@ -77,10 +93,10 @@ class PointTransformerJK(nn.Module):
                              f"got attention={attention!r}")
         self.feat_encoder = nn.Sequential(nn.Linear(in_dim, dim), nn.ReLU(), nn.Linear(dim, dim))
         self.pos_encoder = (nn.Sequential(nn.Linear(coord_dim, dim), nn.LayerNorm(dim), nn.ReLU(), nn.Linear(dim, dim))
-                            if pe == "learned" else None)
+                            if pe != "none" else None)
         self.blocks = nn.ModuleList(
-            TransformerBlock(dim, build_attention(attention, dim=dim, heads=heads, **opts), norm="layer",
-                             norm_position="pre", activation="relu", ffn_hidden=dim, dropout=dropout)
+            TransformerBlock(dim, build_attention(attention, dim=dim, heads=heads, **opts), norm=norm,
+                             norm_position="pre", activation=ffn, ffn_hidden=ffn_hidden or dim, dropout=dropout)
             for _ in range(n_layers))
         self.W = nn.Linear(dim * (n_layers + 1), out_dim, bias=False)
         self.mlp_out = MLP([out_dim] + [mlp_hidden] * (mlp_layers - 1) + [out_dim])
@@ -152,11 +168,14 @@ class PointTransformerJK(nn.Module):
     def _trunk_layers(self, x: torch.Tensor, coords: torch.Tensor, mask: torch.Tensor,
                       context: ForwardContext) -> torch.Tensor:
         h = self.feat_encoder(x)
-        if self.pos_encoder is not None:
-            h = h + self.pos_encoder(coords)
+        p = self.pos_encoder(coords) if self.pos_encoder is not None else None
+        if p is not None:
+            h = h + p
         h = h * mask.unsqueeze(-1)
         hs = [h]
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
+            if i > 0 and self.pe == "learned-each-layer":  # the encoding enters every block's input
+                h = (h + p) * mask.unsqueeze(-1)
             h = block(h, coords, mask, context=context)
             hs.append(h)
         e = self.W(torch.cat(hs, -1))

@@ -30,6 +30,9 @@ from .registry import register_model
 
 __all__ = ["TrackReconstructor", "TrackOutput", "TRACK_PARAMS", "track_parameters", "merge_fragments"]
 
+#: The encoder options a model passes through ``encoder_options`` (see :class:`PointTransformerJK`).
+ENCODER_OPTIONS = frozenset({"pe", "norm", "ffn", "ffn_hidden"})
+
 #: The track-parameter head's outputs, in order.
 TRACK_PARAMS = ("log_pt", "charge_logit", "eta", "cos_phi", "sin_phi")
 
@@ -66,6 +69,9 @@ class TrackReconstructor(nn.Module):
         overlap: fraction of a sector added on each side (0 = disjoint sectors).
         decoder_heads, decoder_layers, attention_mask: the decoder's options (see :class:`TrackDecoder`).
         threshold: the score below which a hit is left without a track at inference.
+        encoder_options: further options of the encoder (:data:`ENCODER_OPTIONS`): the published
+            encoder's pre-RMSNorm SwiGLU blocks with a coordinate encoding at every layer are
+            ``{"norm": "rms", "ffn": "swiglu", "pe": "learned-each-layer"}`` with ``attention="coord_lsh"``.
         phi_column: the column of ``coords`` holding φ (1 in the tracking inputs).
 
     Shapes: ``forward(x (B, N, in_dim), coords (B, N, coord_dim), mask (B, N) | None)`` -> :class:`TrackOutput`;
@@ -79,20 +85,25 @@ class TrackReconstructor(nn.Module):
                  block_size: int = 100, n_hashes: int = 3, num_regions: float = 150, dropout: float = 0.0,
                  embed_dim: int = 12, num_slots: int = 64, sectors: int = 3, overlap: float = 0.0,
                  decoder_heads: int = 4, decoder_layers: int = 2, attention_mask: bool = False,
-                 threshold: float = 0.5, phi_column: int = 1):
+                 threshold: float = 0.5, phi_column: int = 1, encoder_options: Optional[dict] = None):
         super().__init__()
         if not isinstance(phi_column, int) or not (0 <= phi_column < coord_dim):
             raise ValueError(f"phi_column: expected a column of coords in [0, {coord_dim}), got {phi_column!r}")
         if not (0.0 <= threshold < 1.0):
             raise ValueError(f"threshold: expected a score in [0, 1), got {threshold!r}")
         phi_sectors(torch.zeros(1, 1), None, sectors, overlap)   # checks sectors and overlap by name
+        encoder_options = dict(encoder_options or {})
+        if set(encoder_options) - ENCODER_OPTIONS:
+            raise ValueError(f"encoder_options: unknown option(s) {sorted(set(encoder_options) - ENCODER_OPTIONS)}; "
+                             f"expected some of {sorted(ENCODER_OPTIONS)} (the other encoder options are the model's own)")
         self.in_dim, self.coord_dim, self.dim = in_dim, coord_dim, dim
         self.num_slots, self.num_sectors, self.overlap = num_slots, sectors, float(overlap)
         self.threshold, self.phi_column = float(threshold), phi_column
         self.encoder = PointTransformerJK(in_dim, coord_dim, dim=dim, heads=heads, head_dim=head_dim, n_layers=n_layers,
                                           out_dim=dim, mlp_hidden=2 * dim, mlp_layers=2, dropout=dropout,
                                           attention=attention, attention_options=attention_options,
-                                          block_size=block_size, n_hashes=n_hashes, num_regions=num_regions)
+                                          block_size=block_size, n_hashes=n_hashes, num_regions=num_regions,
+                                          **encoder_options)
         self.embed_head = nn.Linear(dim, embed_dim)
         self.hit_head = nn.Linear(dim, 1)
         self.decoder = TrackDecoder(dim, num_slots, heads=decoder_heads, n_layers=decoder_layers, dropout=dropout,

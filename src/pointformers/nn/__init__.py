@@ -6,8 +6,8 @@ from .model_inputs import check_attention_inputs, check_point_inputs, check_toke
 from .norms import RMSNorm
 from .pooling import masked_max, masked_mean, masked_sum
 from .set_attention import ISAB, MAB, PMA, SAB
-from .transformer_block import FeedForward, TransformerBlock, reset_module
+from .transformer_block import FeedForward, SwiGLU, TransformerBlock, reset_module
 
-__all__ = ["FeedForward", "TransformerBlock", "RMSNorm", "MLP", "tanh", "MAB", "SAB", "ISAB", "PMA",
+__all__ = ["FeedForward", "SwiGLU", "TransformerBlock", "RMSNorm", "MLP", "tanh", "MAB", "SAB", "ISAB", "PMA",
            "masked_max", "masked_mean", "masked_sum", "reset_module",
            "check_attention_inputs", "check_point_inputs", "check_token_inputs", "is_tracing"]

@@ -13,6 +13,8 @@ FLT (Performer / ViT)     layer     pre             plain     GeLU              
 SAMSA (Algorithm 1)       rms       parallel (pre)  ReZero α  GeLU, ×4          residual
 Sampled Transformer       none      pre             plain     ReLU, r           none
 (Eq. 5; pre-LN: layer)
+Track encoder (HEPT       rms       pre             plain     SwiGLU            residual
+follow-up, issue 24)
 ========================  ========  ==============  ========  ================  ======================
 
 With s(y) = Drop(y) (plain residual) or α·Drop(y) (ReZero), N₁/N₂ the norms and FFN the feed-forward::
@@ -33,6 +35,40 @@ from .norms import RMSNorm
 _NORMS = ("layer", "rms", "none")
 _POSITIONS = ("pre", "post", "parallel")
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+
+
+class SwiGLU(nn.Module):
+    """Gated feed-forward (Shazeer 2020): W₂·(SiLU(W_g·x) ⊙ W_u·x), no biases. (…, D) -> (…, D).
+
+    ``hidden`` is the width of the gated product; the gate and up projections are one Linear of
+    width 2·hidden (``w_in``), so the layer has 3·D·hidden weights (a ReLU/GeLU FFN of width
+    1.5·hidden has as many). ``dropout`` None: none, else after the product."""
+
+    def __init__(self, dim: int, hidden: int, dropout: float | None = None):
+        super().__init__()
+        self.dim, self.hidden, self.activation = dim, hidden, "swiglu"
+        self.w_in = nn.Linear(dim, 2 * hidden, bias=False)
+        self.drop = nn.Dropout(dropout) if dropout is not None else None
+        self.w_out = nn.Linear(hidden, dim, bias=False)
+
+    def reset_parameters(self) -> None:
+        self.w_in.reset_parameters()
+        self.w_out.reset_parameters()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w_in(x).chunk(2, dim=-1)
+        h = nn.functional.silu(gate) * up
+        return self.w_out(h if self.drop is None else self.drop(h))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, hidden={self.hidden}"
+
+
+def _feed_forward(dim: int, hidden: int, activation: str, dropout: float | None = None) -> nn.Module:
+    """The FFN of a block: :class:`SwiGLU` for ``"swiglu"``, else :class:`FeedForward` (ReLU/GeLU)."""
+    if activation == "swiglu":
+        return SwiGLU(dim, hidden, dropout)
+    return FeedForward(dim, hidden, activation, dropout)
 
 
 class FeedForward(nn.Sequential):
@@ -132,7 +168,8 @@ class TransformerBlock(nn.Module):
             this block (``alpha``); an ``nn.Parameter``: that shared α (ReZero, SAMSA shares one
             across its layers), owned and registered by the caller, not here, so a state_dict
             holds it once.
-        activation: FFN activation, ``"gelu"`` or ``"relu"``.
+        activation: FFN activation, ``"gelu"`` or ``"relu"``, or ``"swiglu"`` for the gated FFN
+            (:class:`SwiGLU`, its gated width ``ffn_hidden`` or ``ffn_mult``·D).
         ffn_mult: FFN expansion (D → ffn_mult·D → D); ffn_hidden: an explicit hidden width instead.
         dropout: residual dropout, after the mixer and after the FFN.
         ffn_dropout: dropout after the FFN's expansion; None: no dropout layer at all.
@@ -159,13 +196,13 @@ class TransformerBlock(nn.Module):
             raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
         if norm_position not in _POSITIONS:
             raise ValueError(f"norm_position must be one of {_POSITIONS}, got {norm_position!r}")
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {tuple(_ACTIVATIONS)}, got {activation!r}")
+        if activation not in _ACTIVATIONS and activation != "swiglu":
+            raise ValueError(f"activation must be one of {tuple(_ACTIVATIONS) + ('swiglu',)}, got {activation!r}")
         self.dim, self.norm_type, self.norm_position, self.activation = dim, norm, norm_position, activation
         self.norm1 = _norm(norm, dim)
         self.mixer = mixer
         self.norm2 = None if norm_position == "parallel" else _norm(norm, dim)
-        self.ff = FeedForward(dim, ffn_hidden or ffn_mult * dim, activation, ffn_dropout)
+        self.ff = _feed_forward(dim, ffn_hidden or ffn_mult * dim, activation, ffn_dropout)
         self.dropout = nn.Dropout(dropout)
         shared = rezero if isinstance(rezero, nn.Parameter) else None
         if shared is None and rezero is not False and rezero is not True:
