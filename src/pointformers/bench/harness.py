@@ -6,8 +6,8 @@ peak resident size is reset just before it (Linux ``clear_refs``), and the call'
 ``ru_maxrss`` minus the resident size before the call, minus the growth of *file-backed*
 resident pages during the call (shared-library code that the kernel had reclaimed and the call
 faulted back in — on machines with proactive reclaim this alone is ~100 MB and is not the
-call's working memory; the pages mapped before the call are also locked resident with
-``mlockall`` where permitted, so they cannot be evicted and refaulted in the first place). Ratios are always taken between numbers measured
+call's working memory; the file-backed pages mapped before the call are also locked resident
+with ``mlock`` where permitted, so they cannot be evicted and refaulted in the first place). Ratios are always taken between numbers measured
 in the same run on the same machine.
 """
 from __future__ import annotations
@@ -45,17 +45,28 @@ def file_rss_bytes() -> int:
 
 
 def lock_resident_pages() -> bool:
-    """``mlockall(MCL_CURRENT)``: keep every page mapped now (library code included) resident, so
+    """``mlock`` every file-backed mapping (library code and data): keep those pages resident, so
     proactive reclaim cannot evict them and the measured call cannot fault them back in (which
-    would count as its memory). Only pages mapped now are locked; the call's own allocations are
-    not. Returns False where not permitted (then the file-page correction still applies)."""
+    would count as its memory). Not ``mlockall``: that also faults in the heap's free pages, which
+    the allocator handed back but keeps mapped, and the call would then reuse them without any
+    growth of the resident size (a 64 MB call read 0 MB). Returns False where not permitted (then
+    the file-page correction still applies)."""
     try:
         import ctypes
         import ctypes.util
 
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return libc.mlockall(1) == 0  # MCL_CURRENT
-    except (OSError, AttributeError):
+        libc.mlock.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        ok = True
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) < 6 or not parts[5].startswith("/") or "r" not in parts[1]:
+                    continue  # anonymous memory (heap, stacks, tensors) and unreadable guards stay as they are
+                lo, hi = (int(a, 16) for a in parts[0].split("-"))
+                ok &= libc.mlock(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo)) == 0
+        return ok
+    except (OSError, AttributeError, ValueError):
         return False
 
 
