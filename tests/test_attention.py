@@ -1,4 +1,6 @@
 """The attention contract for full, kernel and hept: reference paths, invariances, errors."""
+import math
+
 import pytest
 import torch
 
@@ -373,3 +375,21 @@ def test_head_workers_range(two_threads, monkeypatch):
     assert [ba.head_workers(8, torch.empty(n, 3), False) for n in (9, 10, 100, 101)] == [1, 2, 2, 1]
     assert ba.head_workers(8, torch.empty(50, 3), True) == 1  # training: one head after another
     assert ba.head_workers(1, torch.empty(50, 3), False) == 1  # never more workers than heads
+
+
+def test_fused_scores_stay_clear_of_subnormal_products():
+    # below float64 the fused kernel's scores are at least 2^-100: a score near e^-87 times a value row
+    # underflows to subnormals, which cost a microcode assist per product on many x86 CPUs (3x slower
+    # training on one); float64 keeps the floor e^-87 (exact comparisons with the authors' code)
+    from pointformers.attention.block_attention import (LOGIT_FLOOR, SCORE_FLOOR_LOG2, _chunk_logits, _chunk_scores,
+                                                        logit_floor)
+
+    q = torch.tensor([[[1.0, 0.0]]])                                       # one block: 1 query, 3 keys
+    k = torch.tensor([[[-1e3, 0.0], [-10.0, 0.0], [0.0, 0.0]]])            # logits -1000, -10, 0
+    s32 = _chunk_scores(_chunk_logits(q, k))[0, 0]
+    torch.testing.assert_close(s32, torch.tensor([2.0 ** SCORE_FLOOR_LOG2, math.exp(-10.0), 1.0]), rtol=1e-6, atol=0)
+    s64 = _chunk_scores(_chunk_logits(q.double(), k.double()))[0, 0]
+    torch.testing.assert_close(s64, torch.tensor([math.exp(LOGIT_FLOOR), math.exp(-10.0), 1.0], dtype=torch.float64))
+    assert 2.0 ** SCORE_FLOOR_LOG2 * 1e-7 > torch.finfo(torch.float32).tiny   # a score times 1e-7 is still normal
+    assert logit_floor(torch.float64) == LOGIT_FLOOR
+    assert abs(logit_floor(torch.float32) - SCORE_FLOOR_LOG2 * math.log(2)) < 1e-12

@@ -39,6 +39,14 @@ DEFAULT_GROUP_CHUNK: int | None = None
 #: denominator guard, so outputs are unchanged.
 LOGIT_FLOOR = -87.0
 
+#: Lower clamp of the base-2 logits of the fused path below float64: scores are at least 2^−100
+#: (7.9e−31). Near e^−87 a score times a value row underflows to a subnormal number, and a GEMM
+#: producing or reading subnormals takes a microcode assist per product on many x86 CPUs (a
+#: batched block GEMM of such scores ran 84× slower on one; HEPT training 3× slower). The floor
+#: adds at most T·b·2^−100 (2.4e−28 for 3 tables of 100) to a denominator of at least T·1e−20: a
+#: relative 8e−9, below float32's resolution, so the function is unchanged at its precision.
+SCORE_FLOOR_LOG2 = -100.0
+
 #: Target number of score entries per chunk: 2 MB of float32 scores, a core's L2 on the benchmarks'
 #: CPU. Published model, 2 threads, alternated: 6k hits 0.208 / 0.205 s against 0.228 / 0.213 s
 #: with 2^18 (minimum of 15 calls, two rounds), 60k hits unchanged (1.67-1.73 s either way).
@@ -96,21 +104,28 @@ def _clamped(logits: torch.Tensor) -> torch.Tensor | None:
     return logits > 0 if bool(logits.max() > 0) else None
 
 
+def logit_floor(dtype: torch.dtype) -> float:
+    """The lower clamp of natural-log logits: :data:`LOGIT_FLOOR` in float64, the fused path's
+    :data:`SCORE_FLOOR_LOG2` (in natural units) below it."""
+    return LOGIT_FLOOR if dtype == torch.float64 else SCORE_FLOOR_LOG2 / LOG2E
+
+
 def _chunk_logits(Q: torch.Tensor, K: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The logits of a chunk of blocks in the form :func:`_chunk_scores` takes: log2(e)·Q Kᵀ below
     float64 (the scale is the GEMM's alpha), plain Q Kᵀ in float64. (c, b, D) ×2 -> (c, b, b),
     written into ``out`` if given."""
     if Q.dtype == torch.float64:
         return torch.bmm(Q, K.transpose(1, 2), out=out)
-    base = out if out is not None else Q.new_empty(()).expand(Q.shape[0], Q.shape[1], K.shape[1])
+    base = out if out is not None else Q.new_zeros(()).expand(Q.shape[0], Q.shape[1], K.shape[1])
     return torch.baddbmm(base, Q, K.transpose(1, 2), beta=0.0, alpha=LOG2E, out=out)
 
 
 def _chunk_scores(logits: torch.Tensor) -> torch.Tensor:
-    """exp(clamp(l, −87, 0)) of :func:`_chunk_logits`' output, in place (as 2^(·) below float64)."""
+    """exp(clamp(l, −87, 0)) of :func:`_chunk_logits`' output, in place; below float64 as 2^(·) with the
+    floor :data:`SCORE_FLOOR_LOG2`."""
     if logits.dtype == torch.float64:
         return _scores(logits)
-    return logits.clamp_(LOGIT_FLOOR * LOG2E, 0.0).exp2_()
+    return logits.clamp_(SCORE_FLOOR_LOG2, 0.0).exp2_()
 
 
 def augment_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor):
@@ -591,7 +606,7 @@ def static_block_sums(qa: torch.Tensor, ka: torch.Tensor, va: torch.Tensor, iq: 
             oq, ok = iq[g0:g1, t], ik[g0:g1, t]  # (g, n)
             sq = torch.cat([oq + base, pad], 1)[:, blk]  # (g, nb, b) rows in block order
             sk = torch.cat([ok + base, pad], 1)[:, blk]
-            scores = torch.matmul(rows_q[sq], rows_k[sk].transpose(-1, -2)).clamp(LOGIT_FLOOR, 0.0).exp()
+            scores = torch.matmul(rows_q[sq], rows_k[sk].transpose(-1, -2)).clamp(logit_floor(qa.dtype), 0.0).exp()
             res = torch.matmul(scores, rows_v[sk]).flatten(0, 2)  # (g·nb·b, Dv) in block order
             # query i of group j sits at slot j·nb·b + rank_t(i)
             inv = torch.empty_like(oq).scatter(1, oq, ranks.expand(g, N))
