@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pointformers.nn.track_decoder import (DecoderOutput, TrackDecoder, assign_hits, gather_sectors, labels_to_hits,
-                                           phi_sectors)
+                                           Sectors, phi_sectors)
 from pointformers.tasks.tracking.set_criterion import (SetCriterionWeights, dice_loss, match_slots, pair_costs,
                                                        sector_targets, set_loss, sigmoid_focal)
 
@@ -244,3 +244,54 @@ def test_decoder_arguments_are_checked():
         dec(torch.zeros(2, 3, 8, dtype=torch.float64))
     with pytest.raises(ValueError, match="mask"):
         dec(torch.zeros(2, 3, 16, dtype=torch.float64), torch.ones(2, 4, dtype=torch.bool))
+
+
+def _same_partition(a, b) -> bool:
+    """Two labelings of the same hits group them alike (equal up to renaming)."""
+    pairs = set(zip(a.tolist(), b.tolist()))
+    return len(pairs) == len(set(a.tolist())) == len(set(b.tolist()))
+
+
+@pytest.mark.parametrize("min_hits", [1, 2, 3])
+def test_stitching_joins_the_tracks_that_overlapping_sectors_found_twice(min_hits):
+    # two events (24 and 18 hits) of tracks of 4 hits consecutive in phi; 3 sectors overlapping by 2 hits on each
+    # side, each labelling its hits perfectly but with slots of its own: a track crossing a border is found by
+    # both sectors, and without stitching the overlap hits split it. Stitched with min_hits <= 2 (each border
+    # shares 2 hits of one track) the labels group the hits as the tracks do; min_hits = 3 links nothing.
+    g = torch.Generator().manual_seed(0)
+    n, num_slots, k = torch.tensor([24, 18]), 8, 3
+    phi = torch.rand(2, 24, generator=g) * 6.28 - 3.14
+    mask = torch.arange(24)[None] < n[:, None]
+    rank = torch.empty(2, 24, dtype=torch.long)
+    for b in range(2):
+        order = torch.sort(torch.where(mask[b], phi[b], torch.tensor(9.0)), stable=True).indices
+        rank[b, order] = torch.arange(24)
+    truth = torch.where(mask, rank // 4, torch.full_like(rank, -1))                 # (2, 24) the true tracks
+    sec = phi_sectors(phi, mask, k=k, overlap=0.25)
+    perm = torch.stack([torch.randperm(num_slots, generator=g) for _ in range(2 * k)])  # each sector's own slots
+    hit_truth = truth.gather(1, sec.index.view(2, -1)).view(2 * k, -1)
+    labels = torch.where(sec.mask, perm.gather(1, hit_truth.clamp_min(0)), torch.full_like(sec.index, -1))
+    scores = torch.rand(sec.index.shape, generator=g) * sec.mask
+    plain = labels_to_hits(labels, scores, sec, num_hits=24, num_slots=num_slots)
+    stitched = labels_to_hits(labels, scores, sec, num_hits=24, num_slots=num_slots, stitch_min_hits=min_hits)
+    for b in range(2):
+        real = mask[b]
+        assert not _same_partition(plain[b, real], truth[b, real])            # the border tracks are split
+        assert _same_partition(stitched[b, real], truth[b, real]) == (min_hits <= 2)
+        assert bool((stitched[b, ~real] == -1).all())
+        # stitching only joins: hits that shared a track before still do
+        assert len(set(zip(plain[b, real].tolist(), stitched[b, real].tolist()))) == len(set(plain[b, real].tolist()))
+    alone = labels_to_hits(labels[k:], scores[k:], Sectors(sec.index[k:], sec.mask[k:], k), num_hits=24,
+                           num_slots=num_slots, stitch_min_hits=min_hits)
+    assert torch.equal(alone[0], stitched[1])                                 # an event's labels are its own
+    assert int(stitched.max()) < k * num_slots
+
+
+def test_the_model_stitches_only_overlapping_sectors():
+    from pointformers.models.track_reconstruction import TrackReconstructor
+
+    with pytest.raises(ValueError, match="stitch_min_hits"):
+        TrackReconstructor(dim=16, heads=2, overlap=0.0, stitch_min_hits=2)
+    with pytest.raises(ValueError, match="stitch_min_hits"):
+        TrackReconstructor(dim=16, heads=2, overlap=0.1, stitch_min_hits=-1)
+    assert TrackReconstructor(dim=16, heads=2, overlap=0.1, stitch_min_hits=2).stitch_min_hits == 2

@@ -176,7 +176,9 @@ def test_task_losses_on_a_generated_cloud():
         TrackReconstructionTask(hit_weight=float("nan"))
 
 
-@pytest.mark.parametrize("encoder", [dict(attention="full"), V2_ENCODER], ids=["full", "v2"])
+@pytest.mark.parametrize("encoder", [dict(attention="full"), V2_ENCODER,
+                                     dict(attention="full", overlap=0.2, stitch_min_hits=1)],
+                         ids=["full", "v2", "stitched"])
 def test_the_exported_model_equals_the_eager_one(tmp_path, encoder):
     """torch.export of the whole model, assignment step included: the file's track labels equal the eager
     model's at point counts other than the traced one (full attention, and the published encoder's design;

@@ -67,6 +67,8 @@ class TrackReconstructor(nn.Module):
         num_slots: track slots per sector.
         sectors: azimuthal sectors per event (published: 3).
         overlap: fraction of a sector added on each side (0 = disjoint sectors).
+        stitch_min_hits: with overlapping sectors, two tracks of neighbouring sectors that share at least
+            this many overlap hits become one (:func:`~pointformers.nn.track_decoder.stitch_tracks`); 0: off.
         decoder_heads, decoder_layers, attention_mask: the decoder's options (see :class:`TrackDecoder`).
         threshold: the score below which a hit is left without a track at inference.
         encoder_options: further options of the encoder (:data:`ENCODER_OPTIONS`): the published
@@ -85,13 +87,20 @@ class TrackReconstructor(nn.Module):
                  block_size: int = 100, n_hashes: int = 3, num_regions: float = 150, dropout: float = 0.0,
                  embed_dim: int = 12, num_slots: int = 64, sectors: int = 3, overlap: float = 0.0,
                  decoder_heads: int = 4, decoder_layers: int = 2, attention_mask: bool = False,
-                 threshold: float = 0.5, phi_column: int = 1, encoder_options: Optional[dict] = None):
+                 threshold: float = 0.5, phi_column: int = 1, encoder_options: Optional[dict] = None,
+                 stitch_min_hits: int = 0):
         super().__init__()
         if not isinstance(phi_column, int) or not (0 <= phi_column < coord_dim):
             raise ValueError(f"phi_column: expected a column of coords in [0, {coord_dim}), got {phi_column!r}")
         if not (0.0 <= threshold < 1.0):
             raise ValueError(f"threshold: expected a score in [0, 1), got {threshold!r}")
         phi_sectors(torch.zeros(1, 1), None, sectors, overlap)   # checks sectors and overlap by name
+        if not isinstance(stitch_min_hits, int) or isinstance(stitch_min_hits, bool) or stitch_min_hits < 0:
+            raise ValueError(f"stitch_min_hits: expected an integer >= 0 (0: no stitching), got {stitch_min_hits!r}")
+        if stitch_min_hits > 0 and (overlap == 0 or sectors == 1):
+            raise ValueError(f"stitch_min_hits={stitch_min_hits} stitches overlapping sectors: it needs overlap > 0 and "
+                             f"sectors > 1, got overlap={overlap!r}, sectors={sectors!r}")
+        self.stitch_min_hits = stitch_min_hits
         encoder_options = dict(encoder_options or {})
         if set(encoder_options) - ENCODER_OPTIONS:
             raise ValueError(f"encoder_options: unknown option(s) {sorted(set(encoder_options) - ENCODER_OPTIONS)}; "
@@ -143,7 +152,7 @@ class TrackReconstructor(nn.Module):
     def labels_from(self, out: TrackOutput, num_hits: int) -> torch.Tensor:
         """Track labels ``(B, N)`` from a forward's output (−1 = no track, and at padding)."""
         labels, scores = assign_hits(out.stages[-1], out.sectors.mask, self.threshold)
-        return labels_to_hits(labels, scores, out.sectors, num_hits, self.num_slots)
+        return labels_to_hits(labels, scores, out.sectors, num_hits, self.num_slots, self.stitch_min_hits)
 
     @accepts_flat_inputs(2, 2, per_point=True)
     def track_labels(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 __all__ = ["TrackDecoder", "DecoderOutput", "Sectors", "phi_sectors", "gather_sectors", "assign_hits",
-           "labels_to_hits"]
+           "labels_to_hits", "stitch_tracks"]
 
 
 class Sectors(NamedTuple):
@@ -250,10 +250,13 @@ def assign_hits(out: DecoderOutput, mask: torch.Tensor, threshold: float = 0.5) 
 
 
 def labels_to_hits(labels: torch.Tensor, scores: torch.Tensor, sectors: Sectors, num_hits: int,
-                   num_slots: int) -> torch.Tensor:
+                   num_slots: int, stitch_min_hits: int = 0) -> torch.Tensor:
     """Sector labels ``(B·k, L)`` back to the event's hits: ``(B, num_hits)`` int64 track labels, unique within an
     event (sector ``s``'s slot ``m`` is track ``s·num_slots + m``), −1 for no track and at padding. A hit that
-    lies in two overlapping sectors keeps the label of the sector where its score is higher."""
+    lies in two overlapping sectors keeps the label of the sector where its score is higher.
+
+    ``stitch_min_hits`` > 0 stitches overlapping sectors (:func:`stitch_tracks`): two tracks of neighbouring
+    sectors that share at least that many hits of the overlap become one track."""
     bk, length = labels.shape
     b = bk // sectors.k
     sector = torch.arange(bk, device=labels.device) % sectors.k
@@ -268,5 +271,53 @@ def labels_to_hits(labels: torch.Tensor, scores: torch.Tensor, sectors: Sectors,
     win = valid & (key == best[flat])
     out = torch.full((b * num_hits,), -1, dtype=torch.int64, device=labels.device)
     cand = torch.where(win, track.flatten(), torch.full_like(track.flatten(), -1))
-    out = out.scatter_reduce(0, flat, cand, reduce="amax")
-    return out.reshape(b, num_hits)
+    out = out.scatter_reduce(0, flat, cand, reduce="amax").reshape(b, num_hits)
+    if stitch_min_hits > 0 and sectors.k > 1:
+        out = stitch_tracks(out, track, sectors, num_hits, num_slots, stitch_min_hits)
+    return out
+
+
+def stitch_tracks(hit_labels: torch.Tensor, track: torch.Tensor, sectors: Sectors, num_hits: int, num_slots: int,
+                  min_hits: int) -> torch.Tensor:
+    """Join the tracks that overlapping sectors found twice.
+
+    A particle crossing the border of two neighbouring sectors is seen by both; in the overlap each sector
+    gives its hits a track of its own. For every pair of neighbouring sectors (s, s+1, cyclically) the hits of
+    the overlap that both sectors assign count the co-assignments of their tracks; each track's link is the
+    neighbouring sector's track it shares the most such hits with, if at least ``min_hits``. Linked tracks
+    become one (the smallest label of the linked tracks, by label propagation with pointer jumping over a
+    fixed 2k rounds), so a stitched label is still unique within its event.
+
+    Args:
+        hit_labels: ``(B, N)`` event track labels from :func:`labels_to_hits` (−1: none).
+        track: ``(B·k, L)`` the sector's track label of each of its hits (``s·num_slots + m``; −1: none).
+        sectors, num_hits, num_slots: as :func:`labels_to_hits`.
+        min_hits: the fewest shared overlap hits that link two tracks, ``>= 1``.
+    Returns:
+        ``(B, N)`` int64 labels, the stitched tracks sharing one label. No host reads or data-dependent
+        loops: it traces for export.
+    """
+    b, k, m = hit_labels.shape[0], sectors.k, num_slots
+    dev = hit_labels.device
+    # each sector's track at each hit of the event (−1 where the hit is not in the sector or has no track)
+    per_sector = torch.full((b * k, num_hits), -1, dtype=torch.int64, device=dev)
+    per_sector = per_sector.scatter_reduce(1, sectors.index, torch.where(sectors.mask, track, -1), reduce="amax")
+    left = per_sector.view(b, k, num_hits)
+    right = left.roll(-1, dims=1)                                        # sector s's neighbour s+1 (cyclic)
+    both = (left >= 0) & (right >= 0)
+    cell = (torch.arange(b * k, device=dev).view(b, k, 1) * m + left.remainder(m)) * m + right.remainder(m)
+    counts = torch.zeros(b * k * m * m, dtype=torch.int64, device=dev)
+    counts = counts.scatter_add(0, cell.flatten(), both.flatten().long()).view(b, k, m, m)
+    best, partner = counts.max(-1)                                       # (B, k, M): sector s's track -> s+1
+    node = torch.arange(b * k * m, device=dev).view(b, k, m)
+    next_sector = torch.arange(1, k + 1, device=dev).remainder(k).view(1, k, 1)
+    other = (torch.arange(b, device=dev).view(b, 1, 1) * k + next_sector) * m + partner
+    src, dst = node.flatten(), torch.where(best >= min_hits, other, node).flatten()   # unlinked: to itself
+    root = torch.arange(b * k * m, device=dev)
+    for _ in range(2 * k):  # label propagation with pointer jumping: the smallest label of each linked set
+        low = torch.minimum(root[src], root[dst])
+        root = root.scatter_reduce(0, src, low, reduce="amin").scatter_reduce(0, dst, low, reduce="amin")
+        root = torch.minimum(root, root[root])
+    local = root - torch.arange(b, device=dev).repeat_interleave(k * m) * (k * m)   # labels within the event
+    stitched = local[torch.arange(b, device=dev)[:, None] * (k * m) + hit_labels.clamp_min(0)]
+    return torch.where(hit_labels >= 0, stitched, hit_labels)
