@@ -2,6 +2,7 @@
 equal events run alone, labels only on real hits and unique per event, the loss trains it."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -149,6 +150,12 @@ def test_the_config_trains_through_the_cli_and_evaluate_reports_tracks(tmp_path,
     res = json.loads((tmp_path / "test.json").read_text())
     row = res["rows"][next(iter(res["rows"]))]
     assert 0 <= row["trackml_score"] <= 1 and row["num_tracks"] >= 0
+    # the resolution plot: written when tracks were matched, else a one-line error naming --plot (exit 2)
+    rc = main(["evaluate", "--checkpoint", str(out / "best.pt"), "--split", "test", "--plot", str(tmp_path / "r.png")])
+    assert rc == (0 if row["param_tracks"] > 0 else 2)
+    assert (tmp_path / "r.png").exists() == (row["param_tracks"] > 0)
+    assert main(["evaluate", "--checkpoint", str(out / "best.pt"), "--split", "val", "--plot",
+                 str(tmp_path / "v.png")]) == 2 and "--plot" in capsys.readouterr().err
 
 
 def test_task_losses_on_a_generated_cloud():
@@ -239,3 +246,22 @@ def test_the_published_encoder_design_adds_the_coordinate_encoding_at_every_bloc
         TrackReconstructor(**SMALL, encoder_options={"heads": 2})
     with pytest.raises(ValueError, match="pe: expected"):
         TrackReconstructor(**SMALL, encoder_options={"pe": "sinusoidal"})
+
+
+def test_resolution_plot_of_matched_tracks(tmp_path):
+    pytest.importorskip("matplotlib")
+    from pointformers.tasks.tracking.resolution_plot import draw_resolutions
+
+    g = np.random.default_rng(0)
+    n = 200
+    truth = {"pt": g.uniform(0.9, 20.0, n), "eta": g.uniform(-3, 3, n), "phi": g.uniform(-np.pi, np.pi, n),
+             "charge": g.choice([-1.0, 1.0], n)}
+    pred = {"pt": truth["pt"] * (1 + 0.05 * g.standard_normal(n)), "eta": truth["eta"] + 0.01 * g.standard_normal(n),
+            "phi": np.angle(np.exp(1j * (truth["phi"] + 0.02 * g.standard_normal(n)))), "charge": truth["charge"]}
+    out = draw_resolutions(pred, truth, tmp_path / "res.png", title="test")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no matched track"):
+        draw_resolutions({k: v[:0] for k, v in pred.items()}, {k: v[:0] for k, v in truth.items()}, tmp_path / "x.png")
+    with pytest.raises(ValueError, match="one entry per track"):
+        draw_resolutions({**pred, "eta": pred["eta"][:5]}, truth, tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()

@@ -249,6 +249,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         raise ValueError(f"--data: {args.checkpoint} is a reference checkpoint with no data split of its own; "
                          "pass --data FOLDER of labelled TrackML events")
     _check_new_file(args.json, "--json", args.force)
+    _check_new_file(args.plot, "--plot", args.force)
+    if args.plot:
+        import matplotlib  # noqa: F401  (before the work: a missing extra is reported first)
     split = args.split or "test"
     ckpt = load_checkpoint(args.checkpoint, required=("model", "model_name", "model_config"))
     cfg = _config_for_checkpoint(args, ckpt)
@@ -276,6 +279,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from .tasks.tracking.metrics import format_track_metrics
 
         print(format_track_metrics(track_report))
+    if args.plot:
+        pairs = getattr(task, "param_pairs", None) if report else None
+        if pairs is None:
+            raise ValueError(f"--plot: the resolution plot is drawn for the track-parameter head of a track-reconstruction "
+                             f"checkpoint on --split test, got task {spec.name!r}, split {split!r}")
+        if not len(pairs[1]["pt"]):
+            raise ValueError("--plot: no test track was matched (double majority) to a selected particle, so there is "
+                             "no resolution to plot")
+        from .tasks.tracking.resolution_plot import draw_resolutions
+
+        print(f"wrote {draw_resolutions(*pairs, args.plot, title=name)}")
     if args.json:
         _write_json_file(args.json, {"checkpoint": str(args.checkpoint), "task": spec.name, "split": split,
                                      "rows": {n: m for n, m in rows},
@@ -754,7 +768,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--match-eta-max", type=float, default=4.0, metavar="ETA",
                    help="with --data: |η| cut of those particles (default 4; for --split task.match_eta_max)")
     e.add_argument("--json", default=None, metavar="FILE", help="also write every number to this JSON file")
-    e.add_argument("--force", action="store_true", help="overwrite an existing --json file")
+    e.add_argument("--plot", default=None, metavar="PNG",
+                   help="track-reconstruction checkpoints, --split test: write the track-parameter resolution plot "
+                        "(needs matplotlib: the 'plots' extra)")
+    e.add_argument("--force", action="store_true", help="overwrite an existing --json or --plot file")
     e.set_defaults(func=cmd_evaluate)
 
     pr = sub.add_parser("predict", help="run a tracking checkpoint on unlabelled TrackML events: per-hit "

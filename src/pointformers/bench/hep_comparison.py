@@ -286,6 +286,9 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
                **{k: float(v) for k, v in test.items()},
                **_inference_stats(model, samples["test"], dev, repeats, max_timing_events),
                "train_s": train_s, "epochs": tcfg.epochs, "best_epoch": res.best_epoch, "preset": cfg["data"]["preset"]}
+        if getattr(task, "track_report", None) is not None:  # the track-matching tables (against pT and η)
+            row["track_report"] = task.track_report
+            task.track_report = None
         rows.append(row)
         say(f"      {metric} {row.get(metric, float('nan')):.4f}"
             + (f", TrackML {row['trackml_score']:.4f} (eps {row['dbscan_eps']:.3g})" if "trackml_score" in row else "")

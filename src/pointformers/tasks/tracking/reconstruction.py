@@ -117,6 +117,8 @@ class TrackReconstructionTask:
         self.match_pt_min, self.match_eta_max = self.embedding_task.match_pt_min, self.embedding_task.match_eta_max
         #: The last :meth:`evaluate_report`'s track-matching tables, None before one.
         self.track_report: dict | None = None
+        #: (predicted, true) parameters of the matched tracks of the last evaluate_report (resolution plots)
+        self.param_pairs: tuple[dict, dict] | None = None
 
     # ------------------------------------------------------------------ training
     def losses(self, out: TrackOutput, cloud: TrackingCloud,
@@ -249,6 +251,6 @@ class TrackReconstructionTask:
                 want["eta"].append(float(eta[h]))
                 want["phi"].append(float(c.particle_phi[h]) if c.particle_phi is not None else float("nan"))
                 want["charge"].append(float(c.particle_q[h]) if c.particle_q is not None else float("nan"))
-        out.update(parameter_resolutions({k: np.asarray(v) for k, v in got.items()},
-                                         {k: np.asarray(v) for k, v in want.items()}))
+        self.param_pairs = ({k: np.asarray(v) for k, v in got.items()}, {k: np.asarray(v) for k, v in want.items()})
+        out.update(parameter_resolutions(*self.param_pairs))
         return out
