@@ -1,0 +1,60 @@
+"""The end-to-end vs HEPT + DBSCAN comparison (pointformers.bench.track_comparison): its tables and claims from
+known rows, and the latency of two pipelines on a generated event."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pointformers.bench import track_comparison as tc
+
+
+def _report(eff):
+    bins = [{"bin": "0.9–1.5", "eff_dm": eff, "particles": 10}, {"bin": "≥ 1.5", "eff_dm": eff + 0.05, "particles": 4}]
+    return {"vs_pt": bins, "vs_eta": [{"bin": "-1–1", "eff_dm": eff, "particles": 14}]}
+
+
+def _rows(e2e_eff, e2e_fake):
+    rows = []
+    for name, cfg, effs, fakes in (("HEPT", "configs/tracking-hept-small.yaml", (0.80, 0.81, 0.79), (0.05, 0.06, 0.05)),
+                                   ("track-reconstruction", "configs/track-reconstruction-6k.yaml", e2e_eff, e2e_fake)):
+        for seed, eff, fake in zip((42, 43, 44), effs, fakes):
+            rows.append({"config": cfg, "model": name, "seed": seed, "eff_dm": eff, "eff_perfect": eff - 0.1,
+                         "eff_lhc": eff + 0.05, "fake_dm": fake, "dup_lhc": 0.01, "trackml_score": eff - 0.05,
+                         "infer_ms": 100.0, "track_report": _report(eff)})
+    return rows
+
+
+def test_the_claims_follow_the_seeds_rule():
+    better = tc.accuracy_text(_rows((0.90, 0.91, 0.89), (0.02, 0.02, 0.03)))
+    assert "efficiency than HEPT + DBSCAN (seeds' rule): **holds**" in better
+    assert "fake rate than HEPT + DBSCAN (seeds' rule): **holds**" in better
+    assert "| HEPT | `tracking-hept-small.yaml` | 3 | 0.800 ± 0.010 |" in better
+    assert "| 0.9–1.5 (10) | 0.800 ± 0.010 | 0.900 ± 0.010 |" in better   # efficiency against pT, per seed mean
+    worse = tc.accuracy_text(_rows((0.70, 0.71, 0.69), (0.10, 0.11, 0.10)))
+    assert "efficiency than HEPT + DBSCAN (seeds' rule): **fails**" in worse
+    assert "fake rate than HEPT + DBSCAN (seeds' rule): **fails**" in worse
+    close = tc.accuracy_text(_rows((0.80, 0.83, 0.78), (0.05, 0.07, 0.04)))
+    assert "**within spread**" in close
+
+
+def test_latency_of_both_pipelines_on_a_generated_event():
+    from pointformers import models
+
+    torch.manual_seed(0)
+    e2e = models.build("track-reconstruction", dim=16, heads=2, n_layers=1, num_slots=8, block_size=32,
+                       num_regions=4, decoder_heads=2)
+    hept = models.build("hept-tracking", num_regions=8, block_size=100, dropout=0.0)
+    pipes = [tc._Pipeline("HEPT + DBSCAN", hept, eps=0.3), tc._Pipeline("end-to-end", e2e)]
+    labels = pipes[1](*tc_inputs())
+    assert labels.dtype.kind == "i" and labels.shape == (1500,)
+    rows = tc.latency(pipes, [1500], repeats=2, log=None)
+    assert rows[0]["n"] == 1500 and all(rows[0][f"{p.name} s"] > 0 for p in pipes)
+    assert all(rows[0][f"{p.name} peak_mb"] >= 0 for p in pipes)
+    text = tc.latency_text(rows, rows, [p.name for p in pipes], 2)
+    assert "| 1,500 |" in text and "×" in text
+
+
+def tc_inputs():
+    from pointformers.bench.hep_comparison import _speed_event
+
+    return _speed_event(1500, 0)
