@@ -9,7 +9,6 @@ written atomically.
 """
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 from typing import Mapping
@@ -82,9 +81,5 @@ def draw_resolutions(predicted: Mapping[str, np.ndarray], truth: Mapping[str, np
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    atomic_write(path, lambda f: f.write(buffer.getvalue()))
-    return path
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write(path, lambda f: fig.savefig(f, format="png"))
