@@ -60,6 +60,7 @@ def test_batched_events_equal_events_run_alone(overlap, encoder):
             for a, s in zip(alone.stages, out.stages):
                 torch.testing.assert_close(a.object_logits, s.object_logits[b * k:(b + 1) * k], rtol=1e-9, atol=1e-9)
             torch.testing.assert_close(model.labels_from(alone, n)[0], labels[b, :n])
+            torch.testing.assert_close(model(xi, ci), labels[b, :n])   # one event (N, F) as the encoder takes it
     assert bool((labels[~mask] == -1).all()) and bool((labels[mask] >= 0).all())   # threshold 0: all assigned
     assert labels.max() < model.num_sectors * model.num_slots
 
@@ -97,8 +98,9 @@ def test_track_parameters_and_arguments():
         TrackReconstructor(overlap=0.9)
     with pytest.raises(ValueError, match="threshold"):
         TrackReconstructor(threshold=1.0)
-    with pytest.raises(ValueError, match="batch dimension"):
-        _model()(*_clouds((10,))[0])
+    x1, c1 = _clouds((10,))[0]
+    with pytest.raises(ValueError, match="coords: with one event"):
+        _model()(x1, c1[None])
     with pytest.raises(ValueError, match="^outputs: the training outputs need padded input"):
         _model()(*_clouds((10,))[0], outputs=True, batch=torch.zeros(10, dtype=torch.long))
 

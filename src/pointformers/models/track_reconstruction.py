@@ -122,8 +122,15 @@ class TrackReconstructor(nn.Module):
     def forward(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor] = None, *,
                 outputs: bool = False, batch: Optional[torch.Tensor] = None, ptr: Optional[torch.Tensor] = None):
         """Track labels ``(B, N)`` int64 (−1: no track, and at padding), or with ``outputs=True`` the
-        :class:`TrackOutput` the losses need. Flat PyG-style input (``x (N, F)``, ``coords (N, c)``,
-        ``batch=`` or ``ptr=``) gives the labels ``(N,)`` in the input's order."""
+        :class:`TrackOutput` the losses need. One event ``x (N, F)``, ``coords (N, c)`` (as the encoder takes
+        it) gives the labels ``(N,)`` (``outputs=True``: the outputs of a batch of one). Flat PyG-style input
+        (``x (N, F)``, ``coords (N, c)`` with ``batch=`` or ``ptr=``) gives the labels ``(N,)`` in the input's order."""
+        if batch is None and ptr is None and isinstance(x, torch.Tensor) and x.dim() == 2:   # one event
+            if not isinstance(coords, torch.Tensor) or coords.dim() != 2:
+                raise ValueError(f"coords: with one event x (N, F) expected coords (N, c), got "
+                                 f"{tuple(coords.shape) if isinstance(coords, torch.Tensor) else type(coords).__name__}")
+            out = self.forward(x[None], coords[None], None if mask is None else mask[None], outputs=outputs)
+            return out if outputs else out[0]
         if batch is not None or ptr is not None:
             if outputs:
                 raise ValueError("outputs: the training outputs need padded input (B, N, ·) with a mask; flat input "
@@ -133,9 +140,6 @@ class TrackReconstructor(nn.Module):
         return out if outputs else self.labels_from(out, x.shape[1])
 
     def _outputs(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor]) -> TrackOutput:
-        if x.dim() == 2:   # one event (N, F)
-            raise ValueError("x: expected a padded batch (B, N, F) with coords (B, N, c); add a batch dimension "
-                             "for one event (x[None], coords[None]), or give flat input with batch= or ptr=")
         if mask is None:
             mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         h = self.encoder(x, coords, mask)                                    # (B, N, dim), checked inputs
