@@ -58,3 +58,20 @@ def tc_inputs():
     from pointformers.bench.hep_comparison import _speed_event
 
     return _speed_event(1500, 0)
+
+
+@pytest.mark.heavy
+def test_the_comparison_runs_end_to_end(tmp_path, monkeypatch):
+    # both configs trained for one epoch on three seeds of the tiny preset, scored, timed and written as a section
+    from pathlib import Path
+
+    monkeypatch.setenv("POINTFORMERS_CACHE", str(tmp_path / "cache"))
+    root = Path(__file__).resolve().parents[1]
+    doc = tmp_path / "results.md"
+    res = tc.main(["--preset", "tiny", "--seeds", "1", "2", "3", "--epochs", "1", "--hept",
+                   str(root / "configs/tracking-hept-small.yaml"), "--e2e",
+                   str(root / "configs/track-reconstruction-small.yaml"), "--out", str(tmp_path / "runs"),
+                   "--repeats", "1", "--sizes", "1000", "--curve", "--write", str(doc)])
+    assert len(res["rows"]) == 6 and all("eff_dm" in r and r.get("track_report") for r in res["rows"])
+    text = doc.read_text()
+    assert "<!-- track-comparison-tiny:begin -->" in text and "seeds' rule" in text and "| 1,000 |" in text

@@ -291,7 +291,8 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
             task.track_report = None
         rows.append(row)
         say(f"      {metric} {row.get(metric, float('nan')):.4f}"
-            + (f", TrackML {row['trackml_score']:.4f} (eps {row['dbscan_eps']:.3g})" if "trackml_score" in row else "")
+            + (f", TrackML {row['trackml_score']:.4f}" if "trackml_score" in row else "")
+            + (f" (eps {row['dbscan_eps']:.3g})" if "dbscan_eps" in row else "")
             + f", {row['infer_ms']:.1f} ms/event, peak {row['peak_mb']:.0f} MB, trained in {train_s:.0f} s")
         del model
 

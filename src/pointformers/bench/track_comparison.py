@@ -172,8 +172,9 @@ def latency_text(table: Sequence[Mapping[str, Any]], curve: Sequence[Mapping[str
     """Markdown: time per event and peak memory at the table's sizes, and the curve of time per event."""
     text = (f"End to end from hits to track labels, the first seed's models, one generated event per size, eval mode "
             f"without autograd, the pipelines alternated; median of {repeats} calls after a warm-up. Peak MB = "
-            f"resident memory growth of one call.\n\n| hits | " + " | ".join(f"{n} s | {n} peak MB" for n in names)
-            + " | ratio |\n|" + "---|" * (2 * len(names) + 2))
+            f"resident memory growth of one call; the last column is the first pipeline's time over the second's "
+            f"(> 1: the second is faster).\n\n| hits | " + " | ".join(f"{n} s | {n} peak MB" for n in names)
+            + f" | {names[0]} / {names[1]} |\n|" + "---|" * (2 * len(names) + 2))
     for r in table:
         cells = " | ".join(f"{r[f'{n} s']:.3f} | {r[f'{n} peak_mb']:.0f}" for n in names)
         text += f"\n| {r['n']:,} | {cells} | {r[f'{names[0]} s'] / r[f'{names[1]} s']:.2f}× |"
