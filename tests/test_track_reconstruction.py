@@ -267,3 +267,42 @@ def test_resolution_plot_of_matched_tracks(tmp_path):
     with pytest.raises(ValueError, match="one entry per track"):
         draw_resolutions({**pred, "eta": pred["eta"][:5]}, truth, tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+
+
+def test_the_assignment_threshold_is_chosen_on_validation_clouds():
+    # as HEPT's DBSCAN radius: the grid's threshold of highest mean TrackML score on the validation clouds
+    # (ties: the larger), then used on the test clouds
+    from pointformers.data.tracking import generate_event, preset_params
+    from pointformers.tasks.tracking.reconstruction import THRESHOLD_GRID, TrackReconstructionTask
+    from pointformers.tasks.tracking.trackml_score import trackml_score, trackml_score_split
+    from pointformers.tasks.tracking.training import cloud_truth_weights, prepare_tracking_clouds
+
+    clouds = prepare_tracking_clouds([generate_event(preset_params("tiny"), seed=s) for s in (5, 6)], cache_dir=False)
+    torch.manual_seed(0)
+    model = TrackReconstructor(dim=16, heads=2, n_layers=1, num_slots=24, block_size=32, num_regions=4,
+                               decoder_heads=2).eval()
+    task = TrackReconstructionTask()
+    val, test = clouds[:1], clouds[1:]
+    pred = task.predict(model, val, thresholds=THRESHOLD_GRID)
+    scores = [trackml_score_split([trackml_score(lab[i], c.inputs.particle_id, cloud_truth_weights(c))
+                                   for (lab, _), c in zip(pred, val)]) for i in range(len(THRESHOLD_GRID))]
+    best = max(range(len(scores)), key=lambda i: (scores[i], i))
+    t, score = task.choose_threshold(model, val)
+    assert (t, score) == (THRESHOLD_GRID[best], scores[best])
+    # labels that are perfect at one threshold of the grid only: that one is chosen
+    real_predict = task.predict
+    for k in (0, 4, len(THRESHOLD_GRID) - 2):
+        def fake(m, cl, thresholds=None, k=k):
+            out = []
+            for c in cl:
+                lab = np.stack([np.full(c.num_hits, -1)] * len(thresholds))
+                lab[k] = c.inputs.particle_id.numpy()
+                out.append((lab, None))
+            return out
+        task.predict = fake
+        assert task.choose_threshold(model, val) == (THRESHOLD_GRID[k], 1.0)
+    task.predict = real_predict
+    res = task.evaluate_report(model, val, test)
+    assert res["threshold"] == t and res["val_trackml_score"] == score
+    (lab, _), = task.predict(model, test, thresholds=[t])
+    assert res["num_tracks"] == len(np.unique(lab[0][lab[0] >= 0]))

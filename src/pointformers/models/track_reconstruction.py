@@ -153,9 +153,10 @@ class TrackReconstructor(nn.Module):
         run sectors of one hit)."""
         return 2 * self.num_sectors
 
-    def labels_from(self, out: TrackOutput, num_hits: int) -> torch.Tensor:
-        """Track labels ``(B, N)`` from a forward's output (−1 = no track, and at padding)."""
-        labels, scores = assign_hits(out.stages[-1], out.sectors.mask, self.threshold)
+    def labels_from(self, out: TrackOutput, num_hits: int, threshold: Optional[float] = None) -> torch.Tensor:
+        """Track labels ``(B, N)`` from a forward's output (−1 = no track, and at padding); ``threshold``
+        overrides the model's own (e.g. one chosen on validation data)."""
+        labels, scores = assign_hits(out.stages[-1], out.sectors.mask, self.threshold if threshold is None else threshold)
         return labels_to_hits(labels, scores, out.sectors, num_hits, self.num_slots, self.stitch_min_hits)
 
     @accepts_flat_inputs(2, 2, per_point=True)

@@ -37,7 +37,7 @@ from .set_criterion import SetCriterionWeights, match_slots, pair_costs, sector_
 from .trackml_score import trackml_score, trackml_score_split
 from .training import TrackingCloud, TrackingTask, cloud_particle_eta, cloud_truth_weights, track_matching_report
 
-__all__ = ["TrackReconstructionTask", "PARAM_KEYS", "parameter_resolutions"]
+__all__ = ["TrackReconstructionTask", "PARAM_KEYS", "THRESHOLD_GRID", "parameter_resolutions"]
 
 #: The track-parameter resolutions :meth:`TrackReconstructionTask.evaluate_report` adds.
 PARAM_KEYS = ("pt_rel_res", "eta_res", "phi_res", "charge_acc", "param_tracks")
@@ -79,6 +79,10 @@ def parameter_resolutions(predicted: dict[str, np.ndarray], truth: dict[str, np.
             "phi_res": _robust_width(_wrap(predicted["phi"] - truth["phi"])),
             "charge_acc": float(np.mean(np.sign(predicted["charge"]) == np.sign(truth["charge"]))) if t else float("nan"),
             "param_tracks": float(t)}
+
+
+#: The assignment thresholds :meth:`TrackReconstructionTask.choose_threshold` tries on validation clouds.
+THRESHOLD_GRID = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 class TrackReconstructionTask:
@@ -187,9 +191,11 @@ class TrackReconstructionTask:
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def predict(self, model: nn.Module, clouds: Sequence[TrackingCloud]) -> list[tuple[np.ndarray, TrackOutput]]:
+    def predict(self, model: nn.Module, clouds: Sequence[TrackingCloud],
+                thresholds: Sequence[float] | None = None) -> list[tuple[np.ndarray, TrackOutput]]:
         """Per cloud: track labels ``(n,)`` int64 (−1: no track; fragments merged) and the model's outputs
-        (CPU), model in eval mode."""
+        (CPU), model in eval mode. ``thresholds``: labels at each of these score thresholds instead of the
+        model's own, ``(len(thresholds), n)`` per cloud (one forward pass per cloud)."""
         was_training = model.training
         model.eval()
         try:
@@ -198,13 +204,30 @@ class TrackReconstructionTask:
             for c in clouds:
                 x, coords = c.inputs.x.to(dev)[None], c.inputs.coords.to(dev)[None]
                 out = model(x, coords, outputs=True)
-                labels = model.labels_from(out, c.num_hits)
-                if self.merge_max_hits > 0:
-                    labels = merge_fragments(labels, out.embedding, self.merge_max_hits)
-                res.append((labels[0].cpu().numpy(), out))
+                per = []
+                for t in (thresholds if thresholds is not None else [None]):
+                    labels = model.labels_from(out, c.num_hits, t)
+                    if self.merge_max_hits > 0:
+                        labels = merge_fragments(labels, out.embedding, self.merge_max_hits)
+                    per.append(labels[0].cpu().numpy())
+                res.append((np.stack(per) if thresholds is not None else per[0], out))
             return res
         finally:
             model.train(was_training)
+
+    def choose_threshold(self, model: nn.Module, val_clouds: Sequence[TrackingCloud],
+                         grid: Sequence[float] = THRESHOLD_GRID) -> tuple[float, float]:
+        """The assignment threshold of highest mean TrackML score on ``val_clouds`` (the end-to-end
+        counterpart of HEPT's DBSCAN radius, chosen the same way): ``(threshold, its score)``; ties keep
+        the larger threshold."""
+        pred = self.predict(model, val_clouds, thresholds=grid)
+        best = (float("-inf"), 0.0)
+        for i, t in enumerate(grid):
+            score = trackml_score_split([trackml_score(lab[i], c.inputs.particle_id, cloud_truth_weights(c))
+                                         for (lab, _), c in zip(pred, val_clouds)])
+            if score >= best[0]:
+                best = (score, float(t))
+        return best[1], best[0]
 
     def _scores(self, labels: Sequence[np.ndarray], clouds: Sequence[TrackingCloud]) -> tuple[dict[str, float], dict]:
         out = {"trackml_score": trackml_score_split([trackml_score(lab, c.inputs.particle_id, cloud_truth_weights(c))
@@ -223,13 +246,19 @@ class TrackReconstructionTask:
                         test_clouds: Sequence[TrackingCloud]) -> dict[str, float]:
         """What ``pointformers evaluate --split test`` reports: :meth:`evaluate` on ``test_clouds`` plus the
         track-parameter resolutions (:func:`parameter_resolutions`, :data:`PARAM_KEYS`) of the
-        double-majority matched tracks of selected particles. The model needs no validation data (its
-        threshold is an option); ``val_clouds`` is accepted for the engine's interface. The full matching
-        result is kept in :attr:`track_report`."""
-        test_clouds = list(test_clouds)
+        double-majority matched tracks of selected particles. The assignment threshold is chosen on
+        ``val_clouds`` (:meth:`choose_threshold`, as HEPT's DBSCAN radius is; ``threshold`` and
+        ``val_trackml_score`` in the result); without validation clouds the model's own is used. The full
+        matching result is kept in :attr:`track_report`."""
+        test_clouds, val_clouds = list(test_clouds), list(val_clouds)
         if not test_clouds:
             raise ValueError("test_clouds: need at least one test cloud to report on")
-        pred = self.predict(model, test_clouds)
+        chosen: dict[str, float] = {}
+        if val_clouds:
+            t, score = self.choose_threshold(model, val_clouds)
+            chosen = {"threshold": t, "val_trackml_score": score}
+        pred = self.predict(model, test_clouds, thresholds=[chosen["threshold"]] if chosen else None)
+        pred = [(lab[0] if chosen else lab, o) for lab, o in pred]
         out, report = self._scores([lab for lab, _ in pred], test_clouds)
         self.track_report = report
         got: dict[str, list] = {k: [] for k in ("pt", "eta", "phi", "charge")}
@@ -253,4 +282,5 @@ class TrackReconstructionTask:
                 want["charge"].append(float(c.particle_q[h]) if c.particle_q is not None else float("nan"))
         self.param_pairs = ({k: np.asarray(v) for k, v in got.items()}, {k: np.asarray(v) for k, v in want.items()})
         out.update(parameter_resolutions(*self.param_pairs))
+        out.update(chosen)
         return out
