@@ -302,6 +302,8 @@ def test_the_assignment_threshold_is_chosen_on_validation_clouds():
         task.predict = fake
         assert task.choose_threshold(model, val) == (THRESHOLD_GRID[k], 1.0)
     task.predict = real_predict
+    val_metrics = task.evaluate(model, val)                  # the validation metric: at the chosen threshold
+    assert val_metrics["threshold"] == t and val_metrics["trackml_score"] == score
     res = task.evaluate_report(model, val, test)
     assert res["threshold"] == t and res["val_trackml_score"] == score
     (lab, _), = task.predict(model, test, thresholds=[t])

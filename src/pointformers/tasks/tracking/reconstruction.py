@@ -24,7 +24,7 @@ track-parameter resolutions of the double-majority matched tracks.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -83,6 +83,18 @@ def parameter_resolutions(predicted: dict[str, np.ndarray], truth: dict[str, np.
 
 #: The assignment thresholds :meth:`TrackReconstructionTask.choose_threshold` tries on validation clouds.
 THRESHOLD_GRID = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def _best_threshold(pred: Sequence[tuple[np.ndarray, Any]], clouds: Sequence[TrackingCloud]) -> tuple[int, float]:
+    """The index of the threshold (rows of each cloud's labels ``(T, n)``) of highest mean TrackML score, and
+    that score; ties keep the larger threshold (the later row)."""
+    best = (0, float("-inf"))
+    for i in range(len(pred[0][0]) if pred else 0):
+        score = trackml_score_split([trackml_score(lab[i], c.inputs.particle_id, cloud_truth_weights(c))
+                                     for (lab, _), c in zip(pred, clouds)])
+        if score >= best[1]:
+            best = (i, score)
+    return best
 
 
 class TrackReconstructionTask:
@@ -220,14 +232,8 @@ class TrackReconstructionTask:
         """The assignment threshold of highest mean TrackML score on ``val_clouds`` (the end-to-end
         counterpart of HEPT's DBSCAN radius, chosen the same way): ``(threshold, its score)``; ties keep
         the larger threshold."""
-        pred = self.predict(model, val_clouds, thresholds=grid)
-        best = (float("-inf"), 0.0)
-        for i, t in enumerate(grid):
-            score = trackml_score_split([trackml_score(lab[i], c.inputs.particle_id, cloud_truth_weights(c))
-                                         for (lab, _), c in zip(pred, val_clouds)])
-            if score >= best[0]:
-                best = (score, float(t))
-        return best[1], best[0]
+        i, score = _best_threshold(self.predict(model, val_clouds, thresholds=grid), val_clouds)
+        return float(grid[i]), score
 
     def _scores(self, labels: Sequence[np.ndarray], clouds: Sequence[TrackingCloud]) -> tuple[dict[str, float], dict]:
         out = {"trackml_score": trackml_score_split([trackml_score(lab, c.inputs.particle_id, cloud_truth_weights(c))
@@ -239,8 +245,16 @@ class TrackReconstructionTask:
 
     def evaluate(self, model: nn.Module, clouds: Sequence[TrackingCloud]) -> dict[str, float]:
         """``trackml_score`` (the validation metric), the overall track-matching rates
-        (:data:`~.metrics.OVERALL_KEYS`) and ``num_tracks``, counts pooled over the clouds."""
-        return self._scores([lab for lab, _ in self.predict(model, clouds)], clouds)[0]
+        (:data:`~.metrics.OVERALL_KEYS`) and ``num_tracks``, counts pooled over the clouds, at the assignment
+        threshold of :data:`THRESHOLD_GRID` that scores best on these clouds (``threshold``): the threshold
+        belongs to the model selection, as HEPT's DBSCAN radius. (At the model's own threshold a model whose
+        object scores are still low would score 0 for many epochs, and ``best.pt`` would stay at the first.)"""
+        clouds = list(clouds)
+        pred = self.predict(model, clouds, thresholds=THRESHOLD_GRID)
+        i, _ = _best_threshold(pred, clouds)
+        out = self._scores([lab[i] for lab, _ in pred], clouds)[0]
+        out["threshold"] = float(THRESHOLD_GRID[i])
+        return out
 
     def evaluate_report(self, model: nn.Module, val_clouds: Sequence[TrackingCloud],
                         test_clouds: Sequence[TrackingCloud]) -> dict[str, float]:
