@@ -82,7 +82,7 @@ def parameter_resolutions(predicted: dict[str, np.ndarray], truth: dict[str, np.
 
 
 #: The assignment thresholds :meth:`TrackReconstructionTask.choose_threshold` tries on validation clouds.
-THRESHOLD_GRID = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+THRESHOLD_GRID = (0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 def _best_threshold(pred: Sequence[tuple[np.ndarray, Any]], clouds: Sequence[TrackingCloud]) -> tuple[int, float]:
