@@ -151,11 +151,14 @@ class CoordLSHAttention(TokenMixer):
         H, d = self.heads, self.head_dim
         wdt = core_dtype(x.dtype)
         with full_precision(x):
-            q, k, v = (w(x).to(wdt).view(B, N, H, d) for w in (self.w_q, self.w_k, self.w_v))
-            if self.qk_norm:
-                q, k = self.q_norm(q), self.k_norm(k)
-            o = self._attend(q, k, v, order, mask)  # (B, N, H, d)
+            o = self._attend(*self._qkv(x, wdt), order, mask)  # (B, N, H, d)
         return self.zero_padding(self.out_linear(o.reshape(B, N, H * d).to(x.dtype)), mask)
+
+    def _qkv(self, x: torch.Tensor, dtype: torch.dtype):
+        """q, k (QK-normed when ``qk_norm``), v of x (B, N, D) in ``dtype``: 3 × (B, N, H, d)."""
+        B, N, _ = x.shape
+        q, k, v = (w(x).to(dtype).view(B, N, self.heads, self.head_dim) for w in (self.w_q, self.w_k, self.w_v))
+        return (self.q_norm(q), self.k_norm(k), v) if self.qk_norm else (q, k, v)
 
     def _slots(self, order: torch.Tensor, mask: torch.Tensor, static: bool):
         """The block layout. order (B, T, H, N), mask (B, N) -> src (G·P, b) row of every slot in the
@@ -229,9 +232,7 @@ class CoordLSHAttention(TokenMixer):
         x = x.masked_fill(~mask[..., None], 0.0)
         B, N, _ = x.shape
         H, d = self.heads, self.head_dim
-        q, k, v = (w(x).view(B, N, H, d) for w in (self.w_q, self.w_k, self.w_v))
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self._qkv(x, x.dtype)
         count = self.attention_pattern(order, mask).sum(1).to(x.dtype)  # (B, H, N, N) rounds per pair
         s = torch.einsum("bnhd,bmhd->bhnm", q, k) * self.scale
         a = torch.softmax(s.masked_fill(count == 0, float("-inf")), -1).nan_to_num(0.0) * count

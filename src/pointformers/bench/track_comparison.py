@@ -36,7 +36,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from .harness import machine, peak_bytes, recorded_command, release_free_memory, reset_peak_rss, rss_bytes
+from .harness import machine, recorded_command
+from .hep_comparison import _by_config
 from .seed_rule import compare as seed_compare
 from .seed_rule import mean_std
 
@@ -62,13 +63,6 @@ def compare_accuracy(hept_config: str, e2e_config: str, preset: str | None, seed
                            overrides=overrides, resume=resume, log=log)
 
 
-def _groups(rows: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
-    out: dict[str, list] = {}
-    for r in rows:
-        out.setdefault(r["config"], []).append(r)
-    return list(out.values())
-
-
 def _vals(group: Sequence[Mapping[str, Any]], key: str) -> list[float]:
     return [float(r[key]) for r in group if isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))]
 
@@ -90,7 +84,7 @@ def _binned(group: Sequence[Mapping[str, Any]], table: str, key: str = "eff_dm")
 def accuracy_text(rows: Sequence[Mapping[str, Any]]) -> str:
     """Markdown: the metrics table (mean ± std over seeds), the two claims by the seeds' rule, and the
     double-majority efficiency against pT and η."""
-    groups = _groups(rows)
+    groups = _by_config(rows)
     head = "| model | config | seeds | " + " | ".join(h for h, _, _ in _COLUMNS) + " | ms / cloud (forward) |"
     lines = [head, "|" + "---|" * (len(_COLUMNS) + 4)]
     for g in groups:
@@ -131,19 +125,11 @@ class _Pipeline:
         return dbscan_tracks(self.model(x, coords), self.eps, self.min_samples)
 
 
-def _peak(pipe: _Pipeline, x: torch.Tensor, c: torch.Tensor) -> float:
-    release_free_memory()
-    reset_peak_rss()
-    before = rss_bytes()
-    pipe(x, c)
-    return max(0, peak_bytes() - before) / 2**20
-
-
 def latency(pipes: Sequence[_Pipeline], sizes: Sequence[int], repeats: int = 3, memory: bool = True,
             seed: int = 0, log: Callable[[str], None] | None = print) -> list[dict[str, Any]]:
     """Per size: each pipeline's median seconds over ``repeats`` calls (after one warm-up; the pipelines
     alternated per call) and, with ``memory``, the peak memory of one call. One generated event per size."""
-    from .hep_comparison import _speed_event
+    from .hep_comparison import _peak_mb, _speed_event
 
     say = log or (lambda s: None)
     out = []
@@ -154,7 +140,7 @@ def latency(pipes: Sequence[_Pipeline], sizes: Sequence[int], repeats: int = 3, 
         for p in pipes:
             p(x, c)  # warm-up
             if memory:
-                row[f"{p.name} peak_mb"] = _peak(p, x, c)
+                row[f"{p.name} peak_mb"] = _peak_mb(p, x, c, torch.device("cpu"))
         for _ in range(repeats):
             for p in pipes:
                 t0 = time.perf_counter()
@@ -194,7 +180,7 @@ def _trained(rows: Sequence[Mapping[str, Any]], out_dir: str) -> list[_Pipeline]
     from ..engine.checkpoint import model_from_checkpoint
 
     pipes = []
-    for g in _groups(rows):
+    for g in _by_config(rows):
         r = min(g, key=lambda row: row["seed"])
         run = Path(out_dir) / (f"{Path(r['config']).stem}-{r['preset']}-seed{r['seed']}")
         ckpt = run / "best.pt" if (run / "best.pt").exists() else run / "last.pt"
