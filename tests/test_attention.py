@@ -296,6 +296,32 @@ def test_hept_parallel_heads_equal_one_after_another(two_threads, monkeypatch):
     assert torch.get_num_threads() == 2
 
 
+@pytest.mark.parametrize("parallel", [True, False])
+def test_hept_head_workspaces_equal_fresh_buffers(two_threads, monkeypatch, parallel):
+    """Large inputs (WORKSPACE_MIN_ROWS) reuse one workspace per worker for every head's rows and
+    sums, and square the norm columns in pieces (NORM_PIECE_ROWS): the output equals the path with
+    fresh buffers and whole columns bit for bit (a workspace a head did not fully overwrite, or
+    shared by two parallel heads, would change it)."""
+    from pointformers.attention import block_attention
+    from pointformers.models import from_reference_checkpoint
+
+    monkeypatch.setattr(block_attention, "PARALLEL_MIN_ROWS", 1000 if parallel else 10**9)
+    model = from_reference_checkpoint()
+    g = torch.Generator().manual_seed(5)
+    xs, cs = torch.randn(2345, 15, generator=g), torch.randn(2345, 6, generator=g)
+    made = []
+    real = block_attention.HeadWorkspace.__init__
+    monkeypatch.setattr(block_attention.HeadWorkspace, "__init__",
+                        lambda self, *a: made.append(1) or real(self, *a))
+    with torch.no_grad():
+        fresh = model(xs, cs)
+        monkeypatch.setattr(block_attention, "WORKSPACE_MIN_ROWS", 1000)
+        monkeypatch.setattr(block_attention, "NORM_PIECE_ROWS", 100)
+        reused = model(xs, cs)
+    assert len(made) == 4 * (2 if parallel else 1)  # per layer, one per worker
+    assert torch.equal(reused, fresh)
+
+
 def test_run_heads_reraises_a_worker_error_and_restores_threads(two_threads):
     from pointformers.attention.block_attention import run_heads
 

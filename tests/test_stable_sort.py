@@ -28,8 +28,8 @@ def test_other_dtypes_and_views_fall_back_correctly():
 
 
 def test_long_rows_take_the_radix_path_and_stay_exact():
-    # rows of at least RADIX_MIN_LENGTH keys are sorted one at a time by torch.sort (a radix sort
-    # on int64): negative keys, ties, signed zeros and infinities must still sort as the stable argsort
+    # rows of at least RADIX_MIN_LENGTH keys are sorted one at a time by torch.sort on int32 keys
+    # (a radix sort): negative keys, ties, signed zeros and infinities must still sort as the stable argsort
     from pointformers.attention import stable_sort
 
     n = stable_sort.RADIX_MIN_LENGTH + 17

@@ -138,6 +138,12 @@ def augment_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: t
     return qa, ka, torch.cat([v * keep, keep], 1)
 
 
+#: Rows per piece in which :func:`fill_norm_columns` squares and sums: a piece's temporary (2 MB at
+#: 32 columns) stays in cache and is reused by the allocator, where one (P, D) temporary for a
+#: million rows is a fresh 120 MB mapping, page-faulted in (96 ms a head, against 20 ms in pieces).
+NORM_PIECE_ROWS = 16384
+
+
 def fill_norm_columns(qa: torch.Tensor, ka: torch.Tensor) -> None:
     """Write −½‖q̂‖² into column D of q' and −½‖k̂‖² into column D+1 of k', in place.
 
@@ -147,22 +153,30 @@ def fill_norm_columns(qa: torch.Tensor, ka: torch.Tensor) -> None:
     """
     D = qa.shape[-1] - 2
     with torch.no_grad():
-        qa[..., D] = -0.5 * qa[..., :D].pow(2).sum(-1)
-        ka[..., D + 1] = -0.5 * ka[..., :D].pow(2).sum(-1)
+        for rows, col in ((qa, D), (ka, D + 1)):
+            if is_tracing() or not rows.is_contiguous():  # one op (a traced graph has no loop over rows)
+                rows[..., col] = rows[..., :D].pow(2).sum(-1).mul_(-0.5)
+                continue
+            flat = rows.view(-1, D + 2)
+            for s in range(0, flat.shape[0], NORM_PIECE_ROWS):
+                piece = flat[s:s + NORM_PIECE_ROWS]
+                piece[:, col] = piece[:, :D].pow(2).sum(-1).mul_(-0.5)
 
 
 def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int, out=None, keep: list | None = None,
-            width: int | None = None):
+            width: int | None = None, acc: torch.Tensor | None = None):
     """Forward loop. Returns out (R, dv) (written into ``out`` if given) and den (R,) = Σ_t denominators + T·1e−20.
 
     ``width``: the value rows' used columns dv + 1 ([v, 1]); columns past it (zero padding, see
     :func:`value_width`) are carried through the GEMMs and ignored. Default: all of va's columns.
     ``keep``: a list to which each chunk's scores and clamp mask are appended for the backward
-    pass (:func:`_attend_backward`'s ``stored``), instead of it recomputing them."""
+    pass (:func:`_attend_backward`'s ``stored``), instead of it recomputing them. ``acc``: a buffer of
+    va's shape for the sums (zeroed here; see :class:`HeadWorkspace`), else a new one."""
     b = block_size
     width = va.shape[1] if width is None else width
     bq_all, bk_all = iq.reshape(-1, b), ik.reshape(-1, b)  # every (group, table, block)
-    acc = va.new_zeros(va.shape)  # [Σ_t numerator, Σ_t denominator, padding] per row
+    # [Σ_t numerator, Σ_t denominator, padding] per row
+    acc = va.new_zeros(va.shape) if acc is None else acc.zero_()
     reuse = keep is None and not is_tracing()  # (a compiled graph allocates its own buffers)
     bufs = _ChunkBuffers(qa, ka, va, min(chunk_blocks, bq_all.shape[0]), b) if reuse else None
     one_chunk = bq_all.shape[0] <= chunk_blocks and not is_tracing()
@@ -312,19 +326,41 @@ def padded_value_weights(wv: torch.Tensor, heads: int) -> torch.Tensor:
     return torch.cat([w, w.new_zeros(heads, pad, w.shape[2])], 1) if pad else w
 
 
-def head_rows(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, heads: int, h: int):
+def head_rows(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, heads: int, h: int,
+              workspace: "HeadWorkspace | None" = None):
     """Head ``h``'s rows qa, ka (P, D+2) and va (P, :func:`value_width` (dv+1)) = xp @ w_hᵀ, with the
-    norm columns filled and va's padding columns zero.
+    norm columns filled and va's padding columns zero; written into ``workspace``'s buffers if given.
 
     xp: (P, Din); wq, wk: (H·(D+2), Din); wv: (H·(dv+1), Din), heads stacked h-major.
     """
     Din = xp.shape[1]
-    # narrow GEMMs (K = Din ≈ 32) through oneDNN for long inputs (fast_linear.matmul)
-    qa = fast_linear.matmul(xp, wq.view(heads, -1, Din)[h].T)
-    ka = fast_linear.matmul(xp, wk.view(heads, -1, Din)[h].T)
-    va = fast_linear.matmul(xp, padded_value_weights(wv, heads)[h].T)
+    w = (wq.view(heads, -1, Din)[h], wk.view(heads, -1, Din)[h], padded_value_weights(wv, heads)[h])
+    if workspace is not None:
+        qa, ka, va = (torch.mm(xp, wh.T, out=buf) for wh, buf in zip(w, workspace.rows))
+    else:  # narrow GEMMs (K = Din ≈ 32) through oneDNN for long inputs (fast_linear.matmul)
+        qa, ka, va = (fast_linear.matmul(xp, wh.T) for wh in w)
     fill_norm_columns(qa, ka)
     return qa, ka, va
+
+
+#: Fewest rows (points of all clouds, padded) for which the per-head CPU inference path keeps one
+#: :class:`HeadWorkspace` per worker for all heads of a layer. A buffer of P × 32 floats is past
+#: glibc's largest mmap threshold (32 MB) from P = 262144 on: each fresh one is mapped anew and
+#: page-faulted in by its first write, and four of them per head cost about a tenth of a 1M-point
+#: forward (docs/benchmarks.md, "Notes on HEPT's CPU kernels"). Below it freed buffers are reused
+#: by the allocator anyway, and the rows keep oneDNN's GEMM (:func:`fast_linear.matmul`).
+WORKSPACE_MIN_ROWS = 1 << 18
+
+
+class HeadWorkspace:
+    """One worker's buffers for a head of the per-head path, reused head after head: the rows qa, ka
+    (P, D+2) and va (P, dv'), filled by :func:`head_rows`, and the sums ``acc`` (P, dv') of
+    :func:`_attend`."""
+
+    def __init__(self, xp: torch.Tensor, qk_width: int, v_width: int):
+        P = xp.shape[0]
+        self.rows = (xp.new_empty(P, qk_width), xp.new_empty(P, qk_width), xp.new_empty(P, v_width))
+        self.acc = xp.new_empty(P, v_width)
 
 
 #: Run the heads of the per-head CPU inference path in parallel Python threads (see
@@ -453,8 +489,13 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
         rows = (all_head_rows(xp, wq, wk, wv, heads)
                 if keep and not is_tracing() and P * width <= KEEP_ROWS_MAX else None)
 
-        def head(h: int, _worker: int) -> None:
-            qa, ka, va = head_rows(xp, wq, wk, wv, heads, h) if rows is None else (r[h] for r in rows[:3])
+        workers = head_workers(heads, xp, keep)
+        spaces = ([HeadWorkspace(xp, wq.shape[0] // heads, value_width(dv + 1)) for _ in range(workers)]
+                  if not keep and not is_tracing() and P >= WORKSPACE_MIN_ROWS else [None] * workers)
+
+        def head(h: int, worker: int) -> None:
+            ws = spaces[worker]
+            qa, ka, va = head_rows(xp, wq, wk, wv, heads, h, ws) if rows is None else (r[h] for r in rows[:3])
             iq, ik = sort_head(qa, ka, h)
             store = keep and not is_tracing() and P * heads * iq.shape[1] * block_size <= STORE_SCORES_MAX
             kept = [] if store else None
@@ -462,12 +503,12 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
                 out[:, h], den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks, width=dv + 1)
             else:
                 _, den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks, out=out[:, h], keep=kept,
-                                       width=dv + 1)
+                                       width=dv + 1, acc=None if ws is None else ws.acc)
             if keep:
                 orders[h] = torch.stack([iq, ik])
                 scores[h] = kept
 
-        run_heads(head, heads, head_workers(heads, xp, keep))
+        run_heads(head, heads, workers)
         if keep:
             ctx.save_for_backward(xp, wq, wk, wv, torch.stack(orders), out, den)
             ctx.heads, ctx.block_size, ctx.chunk_blocks = heads, block_size, chunk_blocks
