@@ -297,29 +297,34 @@ def test_hept_parallel_heads_equal_one_after_another(two_threads, monkeypatch):
 
 
 @pytest.mark.parametrize("parallel", [True, False])
-def test_hept_head_workspaces_equal_fresh_buffers(two_threads, monkeypatch, parallel):
-    """Large inputs (WORKSPACE_MIN_ROWS) reuse one workspace per worker for every head's rows and
-    sums, and square the norm columns in pieces (NORM_PIECE_ROWS): the output equals the path with
-    fresh buffers and whole columns bit for bit (a workspace a head did not fully overwrite, or
-    shared by two parallel heads, would change it)."""
+def test_hept_head_workspaces_and_fused_projection_equal_the_plain_forward(two_threads, monkeypatch, parallel):
+    """Large inputs (WORKSPACE_MIN_ROWS) reuse one workspace per worker for every head's rows, sums
+    and output, square the norm columns in pieces (NORM_PIECE_ROWS) and project each head's output
+    as it is made (HEPT's out_linear inside the core): one layer's output equals the plain path's
+    up to the rounding of the projection's sum order (a workspace a head did not fully overwrite,
+    or shared by two parallel heads, would change whole rows)."""
     from pointformers.attention import block_attention
-    from pointformers.models import from_reference_checkpoint
 
     monkeypatch.setattr(block_attention, "PARALLEL_MIN_ROWS", 1000 if parallel else 10**9)
-    model = from_reference_checkpoint()
+    torch.manual_seed(0)
+    layer = build("hept", dim=24, heads=8, coord_dim=2, block_size=100, n_hashes=3, num_regions=20).eval()
     g = torch.Generator().manual_seed(5)
-    xs, cs = torch.randn(2345, 15, generator=g), torch.randn(2345, 6, generator=g)
-    made = []
+    x, pos = torch.randn(1, 2345, 24, generator=g), torch.randn(1, 2345, 2, generator=g)
+    made, projected = [], []
     real = block_attention.HeadWorkspace.__init__
     monkeypatch.setattr(block_attention.HeadWorkspace, "__init__",
                         lambda self, *a: made.append(1) or real(self, *a))
+    real_linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: projected.append(1) or real_linear(*a))
     with torch.no_grad():
-        fresh = model(xs, cs)
+        plain = layer(x, pos)
+        assert not made and projected  # the plain path: no workspace, out_linear after the core
+        projected.clear()
         monkeypatch.setattr(block_attention, "WORKSPACE_MIN_ROWS", 1000)
         monkeypatch.setattr(block_attention, "NORM_PIECE_ROWS", 100)
-        reused = model(xs, cs)
-    assert len(made) == 4 * (2 if parallel else 1)  # per layer, one per worker
-    assert torch.equal(reused, fresh)
+        fused = layer(x, pos)
+    assert len(made) == (2 if parallel else 1) and not projected  # one per worker; no separate projection
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-6)
 
 
 def test_run_heads_reraises_a_worker_error_and_restores_threads(two_threads):

@@ -154,31 +154,41 @@ def fill_norm_columns(qa: torch.Tensor, ka: torch.Tensor) -> None:
     D = qa.shape[-1] - 2
     with torch.no_grad():
         for rows, col in ((qa, D), (ka, D + 1)):
-            if is_tracing() or not rows.is_contiguous():  # one op (a traced graph has no loop over rows)
+            if is_tracing() or not (rows.dim() == 2 or rows.is_contiguous()):  # one op (no loop in a graph)
                 rows[..., col] = rows[..., :D].pow(2).sum(-1).mul_(-0.5)
                 continue
-            flat = rows.view(-1, D + 2)
+            flat = rows if rows.dim() == 2 else rows.view(-1, D + 2)
             for s in range(0, flat.shape[0], NORM_PIECE_ROWS):
                 piece = flat[s:s + NORM_PIECE_ROWS]
                 piece[:, col] = piece[:, :D].pow(2).sum(-1).mul_(-0.5)
 
 
 def _attend(qa, ka, va, iq, ik, block_size: int, chunk_blocks: int, out=None, keep: list | None = None,
-            width: int | None = None, acc: torch.Tensor | None = None):
+            width: int | None = None, workspace: "HeadWorkspace | None" = None):
     """Forward loop. Returns out (R, dv) (written into ``out`` if given) and den (R,) = Σ_t denominators + T·1e−20.
 
     ``width``: the value rows' used columns dv + 1 ([v, 1]); columns past it (zero padding, see
     :func:`value_width`) are carried through the GEMMs and ignored. Default: all of va's columns.
     ``keep``: a list to which each chunk's scores and clamp mask are appended for the backward
-    pass (:func:`_attend_backward`'s ``stored``), instead of it recomputing them. ``acc``: a buffer of
-    va's shape for the sums (zeroed here; see :class:`HeadWorkspace`), else a new one."""
+    pass (:func:`_attend_backward`'s ``stored``), instead of it recomputing them. ``workspace``
+    (inference on many rows, see :class:`HeadWorkspace`): every chunk's results are written in
+    block layout into its buffer and summed per row by :func:`sum_tables` at the end, instead of
+    being added into the rows chunk by chunk: on rows past the cache a random read costs about a
+    third of ``index_add_``'s random read-modify-write."""
     b = block_size
     width = va.shape[1] if width is None else width
     bq_all, bk_all = iq.reshape(-1, b), ik.reshape(-1, b)  # every (group, table, block)
-    # [Σ_t numerator, Σ_t denominator, padding] per row
-    acc = va.new_zeros(va.shape) if acc is None else acc.zero_()
     reuse = keep is None and not is_tracing()  # (a compiled graph allocates its own buffers)
     bufs = _ChunkBuffers(qa, ka, va, min(chunk_blocks, bq_all.shape[0]), b) if reuse else None
+    if workspace is not None and reuse:
+        results = workspace.results(bq_all.numel())  # (G·T·n, dv') in block layout
+        for s in range(0, bq_all.shape[0], chunk_blocks):
+            bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
+            bufs.chunk(qa, ka, va, bq, bk, out=results[s * b:(s + bq.shape[0]) * b].view(bq.shape[0], b, -1))
+        acc = sum_tables(results, table_positions(iq), out=workspace.acc, tmp=workspace.tmp)
+        den = acc[:, width - 1] + iq.shape[1] * DENOM_EPS
+        return torch.div(acc[:, :width - 1], den[:, None], out=out), den
+    acc = va.new_zeros(va.shape)  # [Σ_t numerator, Σ_t denominator, padding] per row
     one_chunk = bq_all.shape[0] <= chunk_blocks and not is_tracing()
     for s in range(0, bq_all.shape[0], chunk_blocks):
         bq, bk = bq_all[s:s + chunk_blocks], bk_all[s:s + chunk_blocks]
@@ -208,35 +218,66 @@ def table_positions(order: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(pos).scatter_(1, order.transpose(0, 1).reshape(T, G * n), pos)
 
 
-def sum_tables(res: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+def sum_tables(res: torch.Tensor, pos: torch.Tensor, out: torch.Tensor | None = None,
+               tmp: torch.Tensor | None = None) -> torch.Tensor:
     """Σ over tables of per-table results in block layout: res (G·T·n, w) rows in the order of the
     sort orders, pos from :func:`table_positions` -> (G·n, w) in row order. The same sums as
     ``index_add_`` of every table's rows, as one row gather and a sum: ``index_add_`` on the CPU
     scatters element by element and gets slower with a second thread, and the one-chunk heads of a
-    training step on small clouds spent 10 % of the step in it."""
+    training step on small clouds spent 10 % of the step in it. With ``out`` and ``tmp`` (buffers
+    of the result's shape) the tables are gathered one at a time into ``tmp`` and added into
+    ``out`` in table order (the same sums, no T-fold temporary)."""
     T, R = pos.shape
-    return res.index_select(0, pos.reshape(-1)).view(T, R, -1).sum(0)
+    if out is None:
+        return res.index_select(0, pos.reshape(-1)).view(T, R, -1).sum(0)
+    torch.index_select(res, 0, pos[0], out=out)
+    for t in range(1, T):
+        out.add_(torch.index_select(res, 0, pos[t], out=tmp))
+    return out
+
+
+def joint_rows(ka: torch.Tensor, va: torch.Tensor) -> torch.Tensor | None:
+    """The (P, wk + wv) matrix whose first columns are ka (P, wk) and whose last are va (P, wv), when
+    both are such column blocks of one matrix (:func:`head_rows` with ``joint_kv``), else None."""
+    if (ka.dim() != 2 or ka.shape[0] != va.shape[0] or ka.stride() != va.stride() or ka.stride(1) != 1
+            or va.data_ptr() != ka.data_ptr() + ka.shape[1] * ka.element_size()
+            or ka.stride(0) != ka.shape[1] + va.shape[1]):
+        return None
+    return ka.as_strided((ka.shape[0], ka.stride(0)), ka.stride())
 
 
 class _ChunkBuffers:
     """One chunk's gathered rows, logits/scores and products, allocated once per call of
     :func:`_attend` and reused by every chunk (``out=`` forms): fresh allocations of these sizes
-    cost page faults on every chunk, and the buffers stay in cache between chunks."""
+    cost page faults on every chunk, and the buffers stay in cache between chunks. Key and value
+    rows that are column blocks of one matrix (:func:`joint_rows`) are gathered by one
+    ``index_select`` of the joint rows: one random access per row instead of two (a third less
+    time for the gathers of a million rows, docs/benchmarks.md)."""
 
     def __init__(self, qa, ka, va, chunk_blocks: int, b: int):
         self.Q = qa.new_empty(chunk_blocks, b, qa.shape[1])
-        self.K = ka.new_empty(chunk_blocks, b, ka.shape[1])
-        self.V = va.new_empty(chunk_blocks, b, va.shape[1])
+        self.kv = joint_rows(ka, va)
+        if self.kv is not None:
+            self.KV = ka.new_empty(chunk_blocks, b, self.kv.shape[1])
+            self.K, self.V = self.KV[..., :ka.shape[1]], self.KV[..., ka.shape[1]:]
+        else:
+            self.K = ka.new_empty(chunk_blocks, b, ka.shape[1])
+            self.V = va.new_empty(chunk_blocks, b, va.shape[1])
         self.L = qa.new_empty(chunk_blocks, b, b)
         self.R = va.new_empty(chunk_blocks, b, va.shape[1])
 
-    def chunk(self, qa, ka, va, bq, bk) -> torch.Tensor:
-        """Σ-ready rows exp(chunk logits) @ V' of the chunk of blocks (bq, bk) (c, b) ×2 -> (c, b, dv')."""
+    def chunk(self, qa, ka, va, bq, bk, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Σ-ready rows exp(chunk logits) @ V' of the chunk of blocks (bq, bk) (c, b) ×2 -> (c, b, dv'),
+        written into ``out`` if given, else into this object's buffer."""
         c = bq.shape[0]
-        Q, K, V, L, R = self.Q[:c], self.K[:c], self.V[:c], self.L[:c], self.R[:c]
+        Q, K, V, L = self.Q[:c], self.K[:c], self.V[:c], self.L[:c]
+        R = self.R[:c] if out is None else out
         torch.index_select(qa, 0, bq.reshape(-1), out=Q.view(-1, Q.shape[-1]))
-        torch.index_select(ka, 0, bk.reshape(-1), out=K.view(-1, K.shape[-1]))
-        torch.index_select(va, 0, bk.reshape(-1), out=V.view(-1, V.shape[-1]))
+        if self.kv is not None:
+            torch.index_select(self.kv, 0, bk.reshape(-1), out=self.KV[:c].view(-1, self.kv.shape[1]))
+        else:
+            torch.index_select(ka, 0, bk.reshape(-1), out=K.view(-1, K.shape[-1]))
+            torch.index_select(va, 0, bk.reshape(-1), out=V.view(-1, V.shape[-1]))
         return torch.bmm(_chunk_scores(_chunk_logits(Q, K, out=L)), V, out=R)
 
 
@@ -327,17 +368,24 @@ def padded_value_weights(wv: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def head_rows(xp: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, heads: int, h: int,
-              workspace: "HeadWorkspace | None" = None):
+              workspace: "HeadWorkspace | None" = None, joint_kv: bool = False):
     """Head ``h``'s rows qa, ka (P, D+2) and va (P, :func:`value_width` (dv+1)) = xp @ w_hᵀ, with the
-    norm columns filled and va's padding columns zero; written into ``workspace``'s buffers if given.
+    norm columns filled and va's padding columns zero; written into ``workspace``'s buffers if given
+    (which implies ``joint_kv``). ``joint_kv``: ka and va are the column blocks of one (P, D+2+dv')
+    matrix from one GEMM (see :func:`joint_rows`), else two matrices.
 
     xp: (P, Din); wq, wk: (H·(D+2), Din); wv: (H·(dv+1), Din), heads stacked h-major.
     """
     Din = xp.shape[1]
     w = (wq.view(heads, -1, Din)[h], wk.view(heads, -1, Din)[h], padded_value_weights(wv, heads)[h])
+    wk_cols = w[1].shape[0]
     if workspace is not None:
-        qa, ka, va = (torch.mm(xp, wh.T, out=buf) for wh, buf in zip(w, workspace.rows))
-    else:  # narrow GEMMs (K = Din ≈ 32) through oneDNN for long inputs (fast_linear.matmul)
+        qa, kv = (torch.mm(xp, wh.T, out=buf) for wh, buf in zip((w[0], torch.cat(w[1:])), workspace.rows))
+        ka, va = kv[:, :wk_cols], kv[:, wk_cols:]
+    elif joint_kv:  # narrow GEMMs (K = Din ≈ 32) through oneDNN for long inputs (fast_linear.matmul)
+        qa, kv = fast_linear.matmul(xp, w[0].T), fast_linear.matmul(xp, torch.cat(w[1:]).T)
+        ka, va = kv[:, :wk_cols], kv[:, wk_cols:]
+    else:
         qa, ka, va = (fast_linear.matmul(xp, wh.T) for wh in w)
     fill_norm_columns(qa, ka)
     return qa, ka, va
@@ -353,14 +401,29 @@ WORKSPACE_MIN_ROWS = 1 << 18
 
 
 class HeadWorkspace:
-    """One worker's buffers for a head of the per-head path, reused head after head: the rows qa, ka
-    (P, D+2) and va (P, dv'), filled by :func:`head_rows`, and the sums ``acc`` (P, dv') of
-    :func:`_attend`."""
+    """One worker's buffers for a head of the per-head path, reused head after head: the rows qa
+    (P, D+2) and [ka, va] (P, D+2+dv'), filled by :func:`head_rows`; for :func:`_attend`, every table's chunk
+    results in block layout (:meth:`results`) and the per-row sums ``acc`` with a temporary ``tmp``
+    (P, dv') each."""
 
     def __init__(self, xp: torch.Tensor, qk_width: int, v_width: int):
         P = xp.shape[0]
-        self.rows = (xp.new_empty(P, qk_width), xp.new_empty(P, qk_width), xp.new_empty(P, v_width))
-        self.acc = xp.new_empty(P, v_width)
+        self.rows = (xp.new_empty(P, qk_width), xp.new_empty(P, qk_width + v_width))  # qa, [ka, va]
+        self.acc, self.tmp = xp.new_empty(P, v_width), xp.new_empty(P, v_width)
+        self._results = xp.new_empty(0, v_width)
+        self._out: torch.Tensor | None = None
+
+    def out(self, dv: int) -> torch.Tensor:
+        """A (P, dv) buffer for one head's output (the fused output projection's input)."""
+        if self._out is None or self._out.shape[1] != dv:
+            self._out = self.acc.new_empty(self.acc.shape[0], dv)
+        return self._out
+
+    def results(self, n: int) -> torch.Tensor:
+        """A (n, dv') buffer for n result rows (all tables' sorted rows), kept for the next head."""
+        if self._results.shape[0] != n:
+            self._results = self._results.new_empty(n, self._results.shape[1])
+        return self._results
 
 
 #: Run the heads of the per-head CPU inference path in parallel Python threads (see
@@ -477,38 +540,52 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, xp, wq, wk, wv, heads, sort_head, block_size, chunk_blocks):
+    def forward(ctx, xp, wq, wk, wv, heads, sort_head, block_size, chunk_blocks, out_proj=None):
         P = xp.shape[0]
         dv = wv.shape[0] // heads - 1
-        out = xp.new_empty(P, heads, dv)
-        den = xp.new_empty(P, heads)
         keep = any(ctx.needs_input_grad[:4])  # training: the backward pass needs the sort orders
+        workers = head_workers(heads, xp, keep)
+        spaces = ([HeadWorkspace(xp, wq.shape[0] // heads, value_width(dv + 1)) for _ in range(workers)]
+                  if not keep and not is_tracing() and P >= WORKSPACE_MIN_ROWS else [None] * workers)
+        if out_proj is not None and spaces[0] is None:
+            raise ValueError("out_proj needs the workspace path (inference on at least WORKSPACE_MIN_ROWS rows)")
+        if out_proj is None:
+            out = xp.new_empty(P, heads, dv)
+        else:  # each head's output into its worker's buffer, projected and summed per worker
+            weight = out_proj[0].view(out_proj[0].shape[0], heads, dv)
+            sums = [xp.new_zeros(P, weight.shape[0]) for _ in range(workers)]
+        den = xp.new_empty(P, heads)
         orders: list = [None] * heads
         scores: list = [None] * heads  # per head: its chunks' (clamp mask, scores), small clouds only
         width = wq.shape[0] + wk.shape[0] + heads * value_width(dv + 1)
         rows = (all_head_rows(xp, wq, wk, wv, heads)
                 if keep and not is_tracing() and P * width <= KEEP_ROWS_MAX else None)
 
-        workers = head_workers(heads, xp, keep)
-        spaces = ([HeadWorkspace(xp, wq.shape[0] // heads, value_width(dv + 1)) for _ in range(workers)]
-                  if not keep and not is_tracing() and P >= WORKSPACE_MIN_ROWS else [None] * workers)
-
         def head(h: int, worker: int) -> None:
             ws = spaces[worker]
-            qa, ka, va = head_rows(xp, wq, wk, wv, heads, h, ws) if rows is None else (r[h] for r in rows[:3])
+            qa, ka, va = head_rows(xp, wq, wk, wv, heads, h, ws, joint_kv=not keep) if rows is None else (r[h] for r in rows[:3])
             iq, ik = sort_head(qa, ka, h)
             store = keep and not is_tracing() and P * heads * iq.shape[1] * block_size <= STORE_SCORES_MAX
             kept = [] if store else None
             if is_tracing():  # torch.compile refuses a non-contiguous out=
                 out[:, h], den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks, width=dv + 1)
+            elif out_proj is not None:
+                o, den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks, out=ws.out(dv), width=dv + 1,
+                                       workspace=ws)
+                sums[worker].addmm_(o, weight[:, h].T)
             else:
                 _, den[:, h] = _attend(qa, ka, va, iq, ik, block_size, chunk_blocks, out=out[:, h], keep=kept,
-                                       width=dv + 1, acc=None if ws is None else ws.acc)
+                                       width=dv + 1, workspace=ws)
             if keep:
                 orders[h] = torch.stack([iq, ik])
                 scores[h] = kept
 
         run_heads(head, heads, workers)
+        if out_proj is not None:  # Σ_h o_h W_hᵀ, worker sums in worker order, then the bias
+            y = sums[0]
+            for extra in sums[1:]:
+                y += extra
+            return y if out_proj[1] is None else y.add_(out_proj[1])
         if keep:
             ctx.save_for_backward(xp, wq, wk, wv, torch.stack(orders), out, den)
             ctx.heads, ctx.block_size, ctx.chunk_blocks = heads, block_size, chunk_blocks
@@ -534,7 +611,7 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
                         grad_out[:, h], ctx.block_size, ctx.chunk_blocks, stored[h])):
                     g[h] = gh
                 stored[h] = None
-            return *all_head_grads(xp, rows[3], *grads, wv.shape[0] // H), None, None, None, None
+            return *all_head_grads(xp, rows[3], *grads, wv.shape[0] // H), None, None, None, None, None
         dxp = torch.zeros_like(xp)
         dw = [torch.zeros_like(w).view(H, -1, xp.shape[1]) for w in (wq, wk, wv)]
         for h in range(H):
@@ -546,7 +623,7 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
                 g = g[:, :dw_all.shape[1]]  # without va's zero padding
                 dxp.addmm_(g, w.view(H, -1, xp.shape[1])[h])
                 dw_all[h] = g.T @ xp
-        return dxp, *(d.view(-1, xp.shape[1]) for d in dw), None, None, None, None
+        return dxp, *(d.view(-1, xp.shape[1]) for d in dw), None, None, None, None, None
 
 
 def sorted_block_attention(
@@ -717,7 +794,8 @@ def projected_sorted_block_attention(xp: torch.Tensor, wq: torch.Tensor, wk: tor
                                      heads: int, sort_head, block_size: int,
                                      chunk_elems: int = DEFAULT_CHUNK_ELEMS, sort_heads=None,
                                      all_heads: bool | None = None, static: bool = False,
-                                     group_chunk: int | None = DEFAULT_GROUP_CHUNK) -> torch.Tensor:
+                                     group_chunk: int | None = DEFAULT_GROUP_CHUNK,
+                                     out_proj: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
     """:func:`sorted_block_attention` whose rows are projections of a narrow input, one head at a
     time (memory-lean and cache-friendly, see :class:`_ProjectedSortedBlockAttention`).
 
@@ -737,13 +815,24 @@ def projected_sorted_block_attention(xp: torch.Tensor, wq: torch.Tensor, wk: tor
         static: the export path (:func:`static_block_sums`): no data-dependent loop, no custom
             autograd; P need not be a multiple of b (no padding needed); inference only.
         group_chunk: groups per chunk of the static path (None: all at once).
+        out_proj: the output projection (weight (E, H·dv), bias (E,) or None), applied here: the
+            result is then o Wᵀ + b. CPU inference on at least :data:`WORKSPACE_MIN_ROWS` rows
+            projects each head's output as it is made and adds them up (Σ_h o_h W_hᵀ + b, equal to
+            the projection of the concatenation up to float rounding), so the (P, H·dv) heads'
+            outputs, 0.75 GB at a million points, are never held or written strided; other paths
+            project the concatenation.
     Returns:
-        (P, H·dv), heads concatenated h-major per point.
+        (P, H·dv), heads concatenated h-major per point; (P, E) with ``out_proj``.
     """
-    if static:
-        return _static_projected(xp, wq, wk, wv, heads, sort_head, block_size, group_chunk)
     if all_heads is None:
         all_heads = sort_heads is not None and xp.device.type != "cpu"
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (xp, wq, wk, wv))
+    if out_proj is not None and (static or all_heads or training or is_tracing() or xp.shape[0] < WORKSPACE_MIN_ROWS):
+        o = projected_sorted_block_attention(xp, wq, wk, wv, heads, sort_head, block_size, chunk_elems,
+                                             sort_heads, all_heads, static, group_chunk)
+        return torch.nn.functional.linear(o, *out_proj)
+    if static:
+        return _static_projected(xp, wq, wk, wv, heads, sort_head, block_size, group_chunk)
     if all_heads:
         if sort_heads is None:
             raise ValueError("all_heads=True needs sort_heads")
@@ -756,7 +845,6 @@ def projected_sorted_block_attention(xp: torch.Tensor, wq: torch.Tensor, wk: tor
         out = sorted_block_attention_rows(qa.reshape(P * heads, -1), ka.reshape(P * heads, -1),
                                           va.reshape(P * heads, -1), iq, ik, block_size, chunk_elems)
         return out.view(P, -1)
-    training = torch.is_grad_enabled() and any(t.requires_grad for t in (xp, wq, wk, wv))
     if training and chunk_elems == DEFAULT_CHUNK_ELEMS and xp.device.type == "cpu":
         chunk_elems = DEFAULT_CHUNK_ELEMS * TRAIN_CHUNK_FACTOR
     chunk_blocks = chunk_blocks_for(chunk_elems, block_size, xp)
@@ -771,4 +859,5 @@ def projected_sorted_block_attention(xp: torch.Tensor, wq: torch.Tensor, wk: tor
             raise ValueError(f"point count {iq.shape[2]} must be a multiple of block_size={block_size} (pad first)")
         return iq, ik
 
-    return _ProjectedSortedBlockAttention.apply(xp, wq, wk, wv, heads, checked_sort, block_size, chunk_blocks)
+    return _ProjectedSortedBlockAttention.apply(xp, wq, wk, wv, heads, checked_sort, block_size, chunk_blocks,
+                                                out_proj)

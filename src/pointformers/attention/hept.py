@@ -274,9 +274,14 @@ class HEPTAttention(KernelAttention):
             if self.implementation == "materialized" and not self.exportable:
                 o = materialized_sorted_block_attention(xp, wq, wk, wv, H, sort_heads, self.block_size)
             else:
+                # the output projection inside when it runs in the core's dtype (no autocast, no cast back)
+                fuse = x.dtype == wdt and not torch.is_autocast_enabled(x.device.type)
                 o = projected_sorted_block_attention(
                     xp, wq, wk, wv, H, lambda qa, ka, h: self.head_sort_orders(qa, ka, ctx, h), self.block_size,
                     self.chunk_elems, sort_heads=sort_heads, all_heads=self.all_heads, static=self.exportable,
-                    group_chunk=self.group_chunk)
+                    group_chunk=self.group_chunk,
+                    out_proj=(self.out_linear.weight, self.out_linear.bias) if fuse else None)
+                if fuse:
+                    return self.zero_padding(o.view(B, Np, -1), ctx.mask)[:, :N]
         y = self.out_linear(o.view(B, Np, H * d).to(x.dtype))  # rows are (b, i, h): heads concatenated h-major
         return self.zero_padding(y, ctx.mask)[:, :N]
