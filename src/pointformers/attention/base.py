@@ -187,7 +187,10 @@ class TokenMixer(nn.Module):
 
     @staticmethod
     def zero_padding(y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Set padded rows of ``y`` (B, N, D) to zero."""
+        """Set padded rows of ``y`` (B, N, D) to zero; ``y`` itself when no row is padded (eager mode:
+        a traced graph keeps the fill, it has no data-dependent branch)."""
+        if not is_tracing() and bool(mask.all()):
+            return y
         return y.masked_fill(~mask.unsqueeze(-1), 0.0)
 
     # ---------------------------------------------------------------- projections
