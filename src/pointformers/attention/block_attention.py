@@ -536,7 +536,9 @@ class _ProjectedSortedBlockAttention(torch.autograd.Function):
     layer keeps less than full attention keeps (q, k, v and the output). Small training layers
     (:data:`KEEP_ROWS_MAX`) project all heads' rows at once and keep them, and small clouds keep
     their block scores too (:data:`STORE_SCORES_MAX`): there the per-kernel cost of many small
-    GEMMs, not memory, is what limits a training step.
+    GEMMs, not memory, is what limits a training step. Inference on at least
+    :data:`WORKSPACE_MIN_ROWS` rows reuses one :class:`HeadWorkspace` per worker for every head,
+    and may apply the output projection head by head (``out_proj``).
     """
 
     @staticmethod
