@@ -174,6 +174,50 @@ def test_best_checkpoint_holds_best_val_epoch(tmp_path: Path) -> None:
     assert [e["lr"] for e in m["epochs"]] == pytest.approx([1e-2, 1e-2, 5e-3, 5e-3])
 
 
+class ThresholdTask(ScriptedTask):
+    """A ScriptedTask whose validation also chooses a model option (``threshold``, 0.1·epoch), as the
+    track reconstruction's assignment threshold is chosen on validation clouds."""
+
+    def __init__(self, metrics):
+        super().__init__(metrics)
+        self.fixed = None
+        self.evaluated_with: list = []
+
+    def evaluate(self, model, samples):
+        out = super().evaluate(model, samples) if len(self.seen) < len(self.metrics) else {"ap@k": 0.0}
+        out["threshold"] = self.fixed if self.fixed is not None else 0.1 * (self.epoch - 1)
+        self.evaluated_with.append(out["threshold"])
+        return out
+
+    def validated_options(self, metrics):
+        return {"threshold": metrics["threshold"]}
+
+    def use_validated(self, model, options):
+        model.threshold = self.fixed = options["threshold"]
+
+
+def test_options_chosen_on_validation_go_into_best_checkpoint_and_the_test_pass(tmp_path: Path) -> None:
+    """A task's validated options (validated_options) of the best epoch are stored in best.pt's model
+    config (a model rebuilt from it uses them; last.pt keeps the run's config for resume checks) and
+    fixed on the model before the test pass (use_validated), which then uses them instead of choosing
+    on the test samples; a resumed run keeps the best epoch's options."""
+    task = ThresholdTask([0.2, 0.7, 0.5])
+    model = _lin_model()
+    res = fit(model, task, _samples(), _samples(2), TrainConfig(epochs=3, lr=1e-2, progress=False),
+              tmp_path, "linear", {"width": 4}, test=_samples(2), log=None)
+    assert res.best_epoch == 2
+    assert load_checkpoint(tmp_path / "best.pt")["model_config"] == {"width": 4, "threshold": pytest.approx(0.2)}
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert last["model_config"] == {"width": 4} and last["best_options"] == {"threshold": pytest.approx(0.2)}
+    assert model.threshold == pytest.approx(0.2) and task.evaluated_with[-1] == pytest.approx(0.2)
+    assert res.test["threshold"] == pytest.approx(0.2)  # not the 0.3 a 4th choice would give
+    # resumed after the last epoch (nothing left to train): the best epoch's options still reach the test pass
+    task2 = ThresholdTask([0.1])
+    res2 = fit(_lin_model(), task2, _samples(), _samples(2), TrainConfig(epochs=3, lr=1e-2, progress=False),
+               tmp_path, "linear", {"width": 4}, test=_samples(2), resume=True, log=None)
+    assert res2.test["threshold"] == pytest.approx(0.2)
+
+
 def test_min_mode_and_nan_metrics(tmp_path: Path) -> None:
     res = fit(_lin_model(), ScriptedTask([float("nan"), 3.0, 1.0, 2.0]), _samples(), _samples(1),
               TrainConfig(epochs=4, mode="min", progress=False), tmp_path, "linear", {}, log=None)

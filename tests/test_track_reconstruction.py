@@ -308,3 +308,9 @@ def test_the_assignment_threshold_is_chosen_on_validation_clouds():
     assert res["threshold"] == t and res["val_trackml_score"] == score
     (lab, _), = task.predict(model, test, thresholds=[t])
     assert res["num_tracks"] == len(np.unique(lab[0][lab[0] >= 0]))
+    # after training (the engine's hooks): best.pt's config carries the validated threshold, the model
+    # and the test pass use it instead of choosing again on the test clouds
+    assert task.validated_options(val_metrics) == {"threshold": t}
+    other = THRESHOLD_GRID[0] if t != THRESHOLD_GRID[0] else THRESHOLD_GRID[1]
+    task.use_validated(model, {"threshold": other})
+    assert model.threshold == other and task.evaluate(model, test)["threshold"] == other

@@ -93,6 +93,21 @@ class Task(Protocol):
     def evaluate(self, model: nn.Module, samples: Sequence[Any]) -> dict[str, float]:
         """Metrics over ``samples`` (the task switches the model to eval mode and disables grad)."""
 
+    # Optional (see :func:`validated_options`): model options that validation chooses, e.g. the
+    # track reconstruction's assignment threshold.
+    #   validated_options(metrics) -> {option: value} from one validation pass's metrics;
+    #   use_validated(model, options): after training, before the test pass: the model and the
+    #   task's later evaluate() calls use these options instead of choosing again.
+
+
+def validated_options(task: Any, metrics: Mapping[str, float]) -> dict[str, Any]:
+    """The model options ``task`` chose on validation (``task.validated_options(metrics)``; none for a
+    task without that method). They are stored in ``best.pt``'s ``model_config``, so a model rebuilt
+    from it (``evaluate``, ``predict``, ``export``) uses them, and are fixed on the model before the
+    test pass (``task.use_validated``), so test metrics use what validation chose, not the test set."""
+    fn = getattr(task, "validated_options", None)
+    return dict(fn(metrics)) if callable(fn) else {}
+
 
 @dataclass
 class TrainConfig:
@@ -372,6 +387,8 @@ class Trainer:
         self.last_path, self.best_path = self.run_dir / "last.pt", self.run_dir / "best.pt"
         self.history: list[dict[str, Any]] = []
         self.best_metric, self.best_epoch, self.start_epoch = float("nan"), 0, 1
+        #: The model options validation chose at the best epoch (:func:`validated_options`).
+        self.best_options: dict[str, Any] = {}
         self.test_metrics: dict[str, float] | None = None
         # The module the steps run through (DDP and/or compiled) and the one validation uses.
         self.train_model: nn.Module = model
@@ -450,6 +467,7 @@ class Trainer:
         self.history = list(ck.get("history", []))
         self.best_metric = float(ck.get("best_metric", float("nan")))
         self.best_epoch = int(ck.get("best_epoch", 0))
+        self.best_options = dict(ck.get("best_options") or {})
         self.start_epoch = int(ck["epoch"]) + 1
         say(f"resuming from {last_path} after epoch {self.start_epoch - 1}")
         self.meta["config_changes"] = self.config_changes
@@ -639,6 +657,7 @@ class Trainer:
         improved = _better(value, self.best_metric, config.mode)
         if improved:
             self.best_metric, self.best_epoch = value, epoch
+            self.best_options = validated_options(self.task, metrics)
         row = {"epoch": epoch, "lr": lr, "train_loss": train_loss, "val": metrics,
                "train_seconds": t_train, "seconds": time.perf_counter() - t0, "best": improved}
         self.history.append(row)
@@ -647,12 +666,14 @@ class Trainer:
             state = {"model": self.model.state_dict(), "model_name": self.model_name,
                      "model_config": dict(self.model_config), "epoch": epoch, "metric_name": config.metric,
                      "metric": value}
-            if improved:
-                save_checkpoint(self.best_path, {**state, **({"extra": dict(extra)} if extra else {})})
+            if improved:  # the options validation chose belong to the best model's config
+                save_checkpoint(self.best_path, {**state, "model_config": {**state["model_config"], **self.best_options},
+                                                 **({"extra": dict(extra)} if extra else {})})
             save_checkpoint(self.last_path, {**state, "optimizer": self.optimizer.state_dict(),
                                              "scheduler": self.scheduler.state_dict(), "generator": self.gen.get_state(),
                                              "rng": {"ranks": rng_states}, "best_metric": self.best_metric,
-                                             "best_epoch": self.best_epoch, "history": self.history,
+                                             "best_epoch": self.best_epoch, "best_options": self.best_options,
+                                             "history": self.history,
                                              "train_config": asdict(config), "world_size": self.env.world_size,
                                              "config_changes": self.config_changes,
                                              # the experiment's config too, so evaluate can use last.pt
@@ -669,6 +690,9 @@ class Trainer:
         if self.main and self.best_path.exists():
             self.model.load_state_dict(load_checkpoint(self.best_path)["model"])
         broadcast_module_state(env, self.model)  # every rank ends with the best weights
+        use = getattr(self.task, "use_validated", None)
+        if self.best_options and callable(use):
+            use(self.model, dict(self.best_options))
         test = self.test
         self.test_metrics = self.evaluate(test) if test is not None and len(test) else None
         if self.main:

@@ -24,7 +24,7 @@ track-parameter resolutions of the double-majority matched tracks.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -135,6 +135,8 @@ class TrackReconstructionTask:
         self.track_report: dict | None = None
         #: (predicted, true) parameters of the matched tracks of the last evaluate_report (resolution plots)
         self.param_pairs: tuple[dict, dict] | None = None
+        #: The threshold fixed by :meth:`use_validated` after training; None: :meth:`evaluate` chooses.
+        self.fixed_threshold: float | None = None
 
     # ------------------------------------------------------------------ training
     def losses(self, out: TrackOutput, cloud: TrackingCloud,
@@ -250,11 +252,25 @@ class TrackReconstructionTask:
         belongs to the model selection, as HEPT's DBSCAN radius. (At the model's own threshold a model whose
         object scores are still low would score 0 for many epochs, and ``best.pt`` would stay at the first.)"""
         clouds = list(clouds)
-        pred = self.predict(model, clouds, thresholds=THRESHOLD_GRID)
+        grid = THRESHOLD_GRID if self.fixed_threshold is None else (self.fixed_threshold,)
+        pred = self.predict(model, clouds, thresholds=grid)
         i, _ = _best_threshold(pred, clouds)
         out = self._scores([lab[i] for lab, _ in pred], clouds)[0]
-        out["threshold"] = float(THRESHOLD_GRID[i])
+        out["threshold"] = float(grid[i])
         return out
+
+    def validated_options(self, metrics: Mapping[str, float]) -> dict[str, float]:
+        """The model option validation chose (the engine's hook, see
+        :func:`~pointformers.engine.trainer.validated_options`): ``{"threshold": …}`` from a validation
+        pass's metrics; ``best.pt`` stores it in its model config, so the model rebuilt from it (evaluate,
+        predict, export) assigns hits at the threshold chosen on validation."""
+        return {"threshold": float(metrics["threshold"])} if "threshold" in metrics else {}
+
+    def use_validated(self, model: nn.Module, options: Mapping[str, float]) -> None:
+        """After training, before the test pass: the model's threshold becomes the validated one and
+        :meth:`evaluate` uses it instead of choosing on the clouds it scores (the test set)."""
+        if "threshold" in options:
+            model.threshold = self.fixed_threshold = float(options["threshold"])
 
     def evaluate_report(self, model: nn.Module, val_clouds: Sequence[TrackingCloud],
                         test_clouds: Sequence[TrackingCloud]) -> dict[str, float]:
