@@ -109,6 +109,29 @@ def test_perfect_prediction_has_a_lower_loss_than_a_random_one():
     assert set_loss(good_obj, good, mask, targets)["loss"].item() < 0.05 * set_loss(obj, assign, mask, targets)["loss"].item()
 
 
+@pytest.mark.parametrize("no_object", [1.0, 0.1])
+def test_no_object_weight_is_the_weighted_mean_of_the_class_term(no_object):
+    # DETR's eos_coef: matched slots weigh 1, unmatched ones no_object, the term is the weighted mean;
+    # 1 is the plain mean; the assignment terms do not change
+    obj, assign, mask, targets = _sector_problem(5)
+    weights = SetCriterionWeights(no_object=no_object)
+    matches = [match_slots(pair_costs(obj[s], assign[s], mask[s], targets[s], weights)) for s in range(obj.shape[0])]
+    got = set_loss(obj, assign, mask, targets, weights, matches)
+    y = torch.zeros_like(obj)
+    for s, (rows, _) in enumerate(matches):
+        y[s, torch.as_tensor(rows, dtype=torch.long)] = 1.0
+    w = torch.where(y > 0, 1.0, no_object).double()
+    p = torch.sigmoid(obj.detach())
+    want = (-(y * p.log() + (1 - y) * (1 - p).log()) * w).sum() / w.sum()
+    assert got["cls"].item() == pytest.approx(want.item(), rel=1e-9)
+    plain = set_loss(obj, assign, mask, targets, SetCriterionWeights(), matches)
+    assert got["focal"].item() == pytest.approx(plain["focal"].item(), rel=1e-12)
+    if no_object != 1.0:
+        assert got["cls"].item() != pytest.approx(plain["cls"].item(), rel=1e-3)
+    with pytest.raises(ValueError, match="no_object"):
+        SetCriterionWeights(no_object=0.0)
+
+
 def test_sector_targets_select_target_particles_with_enough_hits():
     pid = torch.tensor([0, 1, 1, 1, 2, 2, 3, 3, 3, 3, 1])
     mask = torch.tensor([True] * 10 + [False])

@@ -52,6 +52,11 @@ class SetCriterionWeights:
         dice: weight of the dice term of the hit assignment (published: 2).
         alpha: focal-loss α (weight of the positive class), 0.25 as in Lin et al.
         gamma: focal-loss γ, 2.
+        no_object: relative weight of the unmatched slots' no-object targets in the object/no-object
+            term, whose mean is then weighted by the targets' weights (DETR's ``eos_coef``, 0.1 there):
+            with thousands of slots and a few hundred targets per event the unmatched slots otherwise
+            dominate the term and hold every object score low. 1 (default): the plain mean, which the
+            published design describes.
     """
 
     cls: float = 0.1
@@ -59,8 +64,11 @@ class SetCriterionWeights:
     dice: float = 2.0
     alpha: float = 0.25
     gamma: float = 2.0
+    no_object: float = 1.0
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.no_object, (int, float)) and math.isfinite(self.no_object) and self.no_object > 0):
+            raise ValueError(f"SetCriterionWeights.no_object: expected a finite number > 0, got {self.no_object!r}")
         for name in ("cls", "focal", "dice", "gamma"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
@@ -212,7 +220,11 @@ def set_loss(object_logits: torch.Tensor, assign_logits: torch.Tensor, hit_mask:
         focal_sum = focal_sum + (sigmoid_focal(x, t, weights.alpha, weights.gamma) * w).sum() / n_real
         dice_sum = dice_sum + dice_loss(torch.sigmoid(x), t, w).sum()
     denom = max(n_targets, 1)
-    cls = F.binary_cross_entropy_with_logits(object_logits, obj_target)
+    if weights.no_object == 1.0:
+        cls = F.binary_cross_entropy_with_logits(object_logits, obj_target)
+    else:  # the mean weighted by the targets' weights (matched slots 1, unmatched ones no_object)
+        w = torch.where(obj_target > 0, 1.0, weights.no_object).to(object_logits.dtype)
+        cls = (F.binary_cross_entropy_with_logits(object_logits, obj_target, reduction="none") * w).sum() / w.sum()
     focal = focal_sum / denom
     dice = dice_sum / denom
     return {"loss": weights.cls * cls + weights.focal * focal + weights.dice * dice,

@@ -26,7 +26,8 @@ validation metric is ``ap@k`` (maximised).
 and the tracking task's keys, plus::
 
     task: {name: track-reconstruction, w_class: 0.1, w_focal: 200.0, w_dice: 2.0,   # cost = loss weights
-           focal_alpha: 0.25, focal_gamma: 2.0, min_hits: 3,     # a sector's targets: >= 3 of their hits
+           focal_alpha: 0.25, focal_gamma: 2.0, no_object: 1.0,  # unmatched slots' weight in the class term
+           min_hits: 3,                                           # a sector's targets: >= 3 of their hits
            hit_weight: 1.0, embed_weight: 1.0, param_weight: 1.0, # auxiliary losses (0 turns one off)
            merge_max_hits: 2}                                     # fragments joined at evaluation (0: off)
 
@@ -212,14 +213,16 @@ TRACKING_SPEC = register_task(TaskSpec(
 #: The end-to-end task's own keys (the set criterion, the auxiliary weights, fragment merging) on top of
 #: the tracking task's (InfoNCE options, pair building, matching cuts).
 _RECO_OWN_SCHEMA = {"w_class": (float,), "w_focal": (float,), "w_dice": (float,), "focal_alpha": (float,),
-                    "focal_gamma": (float,), "min_hits": (int,), "hit_weight": (float,), "embed_weight": (float,),
-                    "param_weight": (float,), "merge_max_hits": (int,)}
+                    "focal_gamma": (float,), "no_object": (float,), "min_hits": (int,), "hit_weight": (float,),
+                    "embed_weight": (float,), "param_weight": (float,), "merge_max_hits": (int,)}
 _RECO_OWN_DEFAULTS = {"w_class": 0.1, "w_focal": 200.0, "w_dice": 2.0, "focal_alpha": 0.25, "focal_gamma": 2.0,
-                      "min_hits": 3, "hit_weight": 1.0, "embed_weight": 1.0, "param_weight": 1.0, "merge_max_hits": 2}
+                      "no_object": 1.0, "min_hits": 3, "hit_weight": 1.0, "embed_weight": 1.0, "param_weight": 1.0,
+                      "merge_max_hits": 2}
 
 
 #: SetCriterionWeights field -> its config key
-_WEIGHT_KEYS = {"cls": "w_class", "focal": "w_focal", "dice": "w_dice", "alpha": "focal_alpha", "gamma": "focal_gamma"}
+_WEIGHT_KEYS = {"cls": "w_class", "focal": "w_focal", "dice": "w_dice", "alpha": "focal_alpha", "gamma": "focal_gamma",
+                "no_object": "no_object"}
 
 
 def _build_reconstruction(cfg: Mapping[str, Any]):
@@ -228,7 +231,8 @@ def _build_reconstruction(cfg: Mapping[str, Any]):
 
     t = cfg["task"]
     try:
-        weights = SetCriterionWeights(t["w_class"], t["w_focal"], t["w_dice"], t["focal_alpha"], t["focal_gamma"])
+        weights = SetCriterionWeights(t["w_class"], t["w_focal"], t["w_dice"], t["focal_alpha"], t["focal_gamma"],
+                                      t["no_object"])
     except ValueError as exc:  # name the config key, not the dataclass field
         msg = str(exc)
         for field, key in _WEIGHT_KEYS.items():
