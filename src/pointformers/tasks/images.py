@@ -3,8 +3,10 @@
 
 Data (``data:`` section, :mod:`pointformers.data.images`): ``format`` ``digits`` (scikit-learn's
 bundled 8 × 8 digits, real data that needs no download; seeded per-class split), ``idx`` (MNIST /
-Fashion-MNIST's released IDX files in ``root``), ``npz`` (``root/{train,val,test}.npz``) or
-``cifar10-bin`` (the ``cifar-10-batches-bin`` folder; val = the last ``val_fraction``). Images
+Fashion-MNIST's released IDX files in ``root``), ``npz`` (``root/{train,val,test}.npz``),
+``cifar10-bin`` (the ``cifar-10-batches-bin`` folder; val = the last ``val_fraction``) or
+``pathfinder`` (LRA Pathfinder, :mod:`pointformers.data.pathfinder`: one difficulty folder of LRA's
+release in ``root``, or without ``root`` the generated stand-in; 2 classes). Images
 are cut into ``patch`` × ``patch`` tokens (x: the patch's pixels, p·p·C values) in raster order with
 ``positions`` ``raster`` (the patch index, ℓ = 1: the FLT paper's r_j = j) or ``grid`` ((row,
 column), ℓ = 2); ``mini_batch`` images make one engine sample.
@@ -19,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,16 +32,28 @@ from .registry import TaskSpec, check_data_seed, config_section as _section, reg
 
 __all__ = ["load_image_sets", "ImageClassificationTask", "IMAGE_TASK"]
 
-FORMATS = ("digits", "idx", "npz", "cifar10-bin")
+FORMATS = ("digits", "idx", "npz", "cifar10-bin", "pathfinder")
+
+#: Formats that need no files: data generated or shipped with a package (``pathfinder`` reads LRA's
+#: release when ``root`` is given, else generates its stand-in).
+NO_FILES = ("digits", "pathfinder")
 
 
-def read_image_sets(fmt: str, root: str | None, splits: Sequence[str], seed: int, val_fraction: float):
-    """The :class:`~pointformers.data.images.ImageSet` of each split in data format ``fmt`` (:data:`FORMATS`)."""
+def read_image_sets(fmt: str, root: str | None, splits: Sequence[str], seed: int, val_fraction: float,
+                    sizes: Sequence[int] | None = None):
+    """The :class:`~pointformers.data.images.ImageSet` of each split in data format ``fmt`` (:data:`FORMATS`);
+    ``sizes``: the generated Pathfinder stand-in's images per split."""
     from ..data import images as im
 
     if fmt == "digits":
         sets = im.load_digits_sets(seed)
         sets = {s: sets[s] for s in splits}
+    elif fmt == "pathfinder":
+        from ..data import pathfinder as pf
+
+        raw = (pf.load_generated_pathfinder(splits, seed, tuple(sizes or pf.STANDIN_SIZES)) if root is None
+               else pf.load_pathfinder_release(root, splits, seed))
+        sets = {s: im.ImageSet(x[..., None].astype(np.float32) / 255.0, y) for s, (x, y) in raw.items()}
     elif fmt not in FORMATS:
         raise ValueError(f"data.format: unknown image format {fmt!r} (valid: {', '.join(FORMATS)})")
     elif root is None:
@@ -61,7 +76,8 @@ def check_image_source(d: Mapping[str, Any]) -> None:
     check_data_seed(d)
     if d["format"] not in FORMATS:
         raise ValueError(f"data.format: expected one of {', '.join(FORMATS)}, got {d['format']!r}")
-    if d["format"] != "digits" and (d["root"] is None or not Path(d["root"]).expanduser().is_dir()):
+    if (d["format"] not in NO_FILES or d["root"] is not None) and (
+            d["root"] is None or not Path(d["root"]).expanduser().is_dir()):
         raise ValueError(f"data.root: format {d['format']!r} needs a folder of its files, got {d['root']!r}")
     if not 0 < d["val_fraction"] < 1:
         raise ValueError(f"data.val_fraction: expected a fraction in (0, 1), got {d['val_fraction']}")

@@ -3,7 +3,10 @@ as ``task.name: lra-image`` (SAMSA / SFT's LRA Table, "Image (CIFAR-10)").
 
 Data (``data:`` section, :mod:`pointformers.data.images`): ``format`` ``cifar10-bin`` (the released
 ``cifar-10-batches-bin`` folder in ``root``: LRA's source, 32 × 32 RGB), ``idx``, ``npz`` or ``digits``
-(scikit-learn's bundled 8 × 8 handwritten digits, the offline stand-in). Every image becomes 8-bit
+(scikit-learn's bundled 8 × 8 handwritten digits, the offline stand-in); ``pathfinder`` is LRA's
+Pathfinder (32 × 32 grey curves, 2 classes: one difficulty folder of its release in ``root``, or the
+generated stand-in of :mod:`pointformers.data.pathfinder`, ``sizes`` images per split, default
+:data:`~pointformers.data.pathfinder.STANDIN_SIZES`; use ``upscale: 1``). Every image becomes 8-bit
 grey levels (RGB weighted as LRA's pipeline, ``tf.image.rgb_to_grayscale``), optionally enlarged
 ``upscale`` × by pixel repetition, and is read row by row: a sequence of H·W tokens, grey level + 1
 (257 symbols, 0 reserved for padding, which this task never needs). ``mini_batch`` images make one
@@ -46,7 +49,7 @@ def pixel_tokens(images: np.ndarray, upscale: int = 1) -> np.ndarray:
 def load_pixel_sets(cfg: Mapping[str, Any], splits: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """(tokens (N, L) int64, labels (N,)) of each split named by ``cfg["data"]``."""
     d = _section(cfg, "data", _DATA_DEFAULTS)
-    sets = read_image_sets(d["format"], d["root"], splits, d["seed"], d["val_fraction"])
+    sets = read_image_sets(d["format"], d["root"], splits, d["seed"], d["val_fraction"], d["sizes"])
     out = {}
     for s, st in sets.items():
         if st.images.shape[3] not in (1, 3):
@@ -76,8 +79,9 @@ def _load(cfg: Mapping[str, Any], splits: Sequence[str], progress: bool = False)
 
 # ---------------------------------------------------------------------------------- registration
 _DATA_SCHEMA = {"format": (str,), "root": (str, None), "seed": (int,), "upscale": (int,), "val_fraction": (float,),
-                "mini_batch": (int,)}
-_DATA_DEFAULTS = {"format": "digits", "root": None, "seed": 0, "upscale": 4, "val_fraction": 0.1, "mini_batch": 32}
+                "mini_batch": (int,), "sizes": (list, None)}
+_DATA_DEFAULTS = {"format": "digits", "root": None, "seed": 0, "upscale": 4, "val_fraction": 0.1, "mini_batch": 32,
+                  "sizes": None}
 _TASK_SCHEMA = {"label_smoothing": (float,), "resample": (bool,)}
 _TASK_DEFAULTS = {"label_smoothing": 0.0, "resample": False}
 
@@ -86,6 +90,10 @@ def _validate(cfg: Mapping[str, Any]) -> None:
     d = _section(cfg, "data", _DATA_DEFAULTS)
     t = _section(cfg, "task", _TASK_DEFAULTS)
     check_image_source(d)
+    if d["sizes"] is not None and (d["format"] != "pathfinder" or d["root"] is not None):
+        raise ValueError("data.sizes: only for the generated Pathfinder stand-in (format pathfinder, no root)")
+    if d["sizes"] is not None and (len(d["sizes"]) != 3 or any(not isinstance(n, int) or n < 1 for n in d["sizes"])):
+        raise ValueError(f"data.sizes: expected three image counts >= 1 (train, val, test), got {d['sizes']}")
     if not 1 <= d["upscale"] <= 16:
         raise ValueError(f"data.upscale: expected a pixel repetition factor in 1..16, got {d['upscale']}")
     check_mini_batch(d["mini_batch"])
