@@ -187,9 +187,10 @@ class TokenMixer(nn.Module):
 
     @staticmethod
     def zero_padding(y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Set padded rows of ``y`` (B, N, D) to zero; ``y`` itself when no row is padded (eager mode:
-        a traced graph keeps the fill, it has no data-dependent branch)."""
-        if not is_tracing() and bool(mask.all()):
+        """Set padded rows of ``y`` (B, N, D) to zero; ``y`` itself when no row is padded (eager CPU mode:
+        a traced graph keeps the fill, it has no data-dependent branch, and on a GPU the check would
+        wait for the device)."""
+        if mask.device.type == "cpu" and not is_tracing() and bool(mask.all()):
             return y
         return y.masked_fill(~mask.unsqueeze(-1), 0.0)
 

@@ -32,7 +32,8 @@ from .stable_sort import stable_argsort
 
 def masked_range(lq: torch.Tensor, lk: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Δ = max − min of the base hashes over real queries ∪ keys. (B, T, H, Np) ×2 -> (B, T, H, 1)."""
-    if not is_tracing() and bool(mask.all()):  # no padded row: no masked copies of the hashes
+    # no padded row: no masked copies of the hashes (eager CPU only: on a GPU the check waits for the device)
+    if mask.device.type == "cpu" and not is_tracing() and bool(mask.all()):
         return (torch.maximum(lq.amax(-1), lk.amax(-1)) - torch.minimum(lq.amin(-1), lk.amin(-1))).unsqueeze(-1)
     m = mask[:, None, None, :]
     hi = torch.maximum(lq.masked_fill(~m, float("-inf")).amax(-1), lk.masked_fill(~m, float("-inf")).amax(-1))
@@ -45,7 +46,7 @@ def sort_keys(lq: torch.Tensor, lk: torch.Tensor, codes: torch.Tensor, mask: tor
     lq, lk (B, nh, T, Np) base hashes, codes (B, nh, T, Np) region codes, mask (B, Np) -> tq, tk."""
     delta = masked_range(lq, lk, mask)  # (B, nh, T, 1)
     offset = codes.to(lq.dtype) * delta
-    if not is_tracing() and bool(mask.all()):
+    if mask.device.type == "cpu" and not is_tracing() and bool(mask.all()):
         return lq + offset, lk + offset
     pad = ~mask[:, None, None, :]
     return (lq + offset).masked_fill_(pad, float("inf")), (lk + offset).masked_fill_(pad, float("inf"))
