@@ -204,11 +204,11 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _CHANNELS = {0: 1, 2: 3, 4: 2, 6: 4}  # colour type -> samples per pixel
 
 
-def _paeth(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    a, b, c = (x.astype(np.int16) for x in (a, b, c))
+def _paeth(a: int, b: int, c: int) -> int:
+    """PNG's Paeth predictor of a pixel from its left (a), upper (b) and upper-left (c) neighbours."""
     p = a + b - c
-    pa, pb, pc = np.abs(p - a), np.abs(p - b), np.abs(p - c)
-    return np.where((pa <= pb) & (pa <= pc), a, np.where(pb <= pc, b, c)).astype(np.uint8)
+    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+    return a if pa <= pb and pa <= pc else (b if pb <= pc else c)
 
 
 def read_png(path: str | os.PathLike) -> np.ndarray:
@@ -258,7 +258,7 @@ def read_png(path: str | os.PathLike) -> np.ndarray:
                     line[x] = (int(line[x]) + ((int(left) + int(prev[x])) >> 1)) & 0xFF
                 else:
                     ul = prev[x - ch] if x >= ch else 0
-                    line[x] = (int(line[x]) + int(_paeth(np.array(left), np.array(prev[x]), np.array(ul)))) & 0xFF
+                    line[x] = (int(line[x]) + _paeth(int(left), int(prev[x]), int(ul))) & 0xFF
         elif f == 2:
             line = (line.astype(np.int16) + prev).astype(np.uint8)
         elif f != 0:
