@@ -44,9 +44,12 @@ def _build(name, **opts):
 def test_batched_equals_one_graph_at_a_time(name, level):
     graphs = [_graph(n, i) for i, n in enumerate((23, 40, 9))]
     m = _build(name, level=level, out_dim=5, k=8)
+    x, ei, ea, batch = _batch(graphs)
     with torch.no_grad():
-        out = m(*_batch(graphs))
+        out = m(x, ei, ea, batch)
+        by_ptr = m(x, ei, ea, ptr=torch.tensor([0, 23, 63, 72]))
         singles = [m(*g) for g in graphs]
+    torch.testing.assert_close(by_ptr, out)
     if level == "graph":
         assert out.shape == (3, 5)
         torch.testing.assert_close(out, torch.cat(singles), atol=1e-5, rtol=1e-4)

@@ -30,7 +30,7 @@ import numpy as np
 from .cache import cached_arrays, default_cache_dir
 
 __all__ = ["VOCAB_SIZE", "PAD", "SPLITS", "TextSet", "ReviewParams", "PRESETS", "resolve_params", "encode_bytes",
-           "generate_reviews", "load_generated_reviews", "load_imdb"]
+           "generate_reviews", "load_generated_reviews", "load_imdb", "pseudo_words", "zipf_cdf", "filler_words"]
 
 PAD = 0
 VOCAB_SIZE = 257
@@ -118,6 +118,38 @@ def resolve_params(p: str | ReviewParams | Mapping[str, Any]) -> ReviewParams:
     raise ValueError(f"params: expected a preset name, ReviewParams or mapping, got {type(p).__name__}")
 
 
+def pseudo_words(rng: np.random.Generator, count: int, exclude: set[str]) -> list[str]:
+    """``count`` distinct pseudo-words of 1-3 consonant-vowel syllables, none in ``exclude`` (which
+    grows by the words drawn, so successive calls never repeat a word)."""
+    words: list[str] = []
+    while len(words) < count:
+        w = "".join(_SYL[int(i)] for i in rng.integers(len(_SYL), size=int(rng.integers(1, 4))))
+        if w not in exclude:
+            exclude.add(w)
+            words.append(w)
+    return words
+
+
+def zipf_cdf(count: int, exponent: float) -> np.ndarray:
+    """The (count - 1,) cumulative probabilities of a Zipf law over ``count`` ranks (for searchsorted)."""
+    z = 1.0 / np.arange(1, count + 1) ** exponent
+    return np.cumsum(z / z.sum())[:-1]
+
+
+def filler_words(rng: np.random.Generator, filler: list[str], cdf: np.ndarray, target: int) -> list[str]:
+    """Sentences of 6-15 Zipf-drawn ``filler`` words (capitalised first word, full stop) until about
+    ``target`` bytes, as a word list."""
+    words: list[str] = []
+    size = 0
+    while size < target:
+        n = int(rng.integers(6, 16))
+        sent = [filler[int(np.searchsorted(cdf, rng.random(), side="right"))] for _ in range(n)]
+        sent[0] = sent[0].capitalize()
+        words += sent[:-1] + [sent[-1] + "."]
+        size += sum(len(w) + 1 for w in sent)
+    return words
+
+
 def _review(rng: np.random.Generator, filler: list[str], cdf: np.ndarray, p: ReviewParams) -> tuple[str, int]:
     """One review of at most ``p.length[1]`` bytes (drawn again, seeded, while longer), so a model
     reading ``max_len >= length[1]`` bytes sees every cue."""
@@ -130,14 +162,7 @@ def _review(rng: np.random.Generator, filler: list[str], cdf: np.ndarray, p: Rev
 def _review_draft(rng: np.random.Generator, filler: list[str], cdf: np.ndarray, p: ReviewParams) -> tuple[str, int]:
     # the filler aims below the maximum, leaving room for the cues, a "not" each and the last sentence
     target = int(rng.integers(p.length[0], max(p.length[0], p.length[1] - 16 * p.cues - 100) + 1))
-    words: list[str] = []
-    size = 0
-    while size < target:
-        n = int(rng.integers(6, 16))
-        sent = [filler[int(np.searchsorted(cdf, rng.random(), side="right"))] for _ in range(n)]
-        sent[0] = sent[0].capitalize()
-        words += sent[:-1] + [sent[-1] + "."]
-        size += sum(len(w) + 1 for w in sent)
+    words = filler_words(rng, filler, cdf, target)
     # the cues: distinct word slots spread over the review (not the first word of a sentence start)
     slots = np.sort(rng.choice(np.arange(1, len(words)), size=p.cues, replace=False))
     score = 0
@@ -158,15 +183,8 @@ def generate_reviews(params: str | ReviewParams | Mapping[str, Any], seed: int =
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
     vocab_rng = np.random.default_rng([int(seed), 4711, 0])
-    filler: list[str] = []
-    seen = set(_POSITIVE + _NEGATIVE + ("not",))
-    while len(filler) < p.words:
-        w = "".join(_SYL[int(i)] for i in vocab_rng.integers(len(_SYL), size=int(vocab_rng.integers(1, 4))))
-        if w not in seen:
-            seen.add(w)
-            filler.append(w)
-    z = 1.0 / np.arange(1, p.words + 1) ** p.zipf
-    cdf = np.cumsum(z / z.sum())[:-1]
+    filler = pseudo_words(vocab_rng, p.words, set(_POSITIVE + _NEGATIVE + ("not",)))
+    cdf = zipf_cdf(p.words, p.zipf)
     out = {}
     for i, split in enumerate(SPLITS):
         rng = np.random.default_rng([int(seed), 4711, 1 + i])

@@ -11,3 +11,4 @@ from . import sft_models, samsa_models, sampled_models, flt_models, set_models, 
 from . import point_mae  # noqa: F401,E402  (point-mae pre-training and its point-mae-cls fine-tuning model)
 from . import track_reconstruction  # noqa: F401,E402  (track-reconstruction: hits to tracks end to end)
 from . import graph_models  # noqa: F401,E402  (sft-graph, samsa-graph and twins: LRGB graphs)
+from . import dual_encoder  # noqa: F401,E402  (dual-encoder: LRA Retrieval's two towers)

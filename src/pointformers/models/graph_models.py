@@ -123,7 +123,7 @@ class SFTGraphModel(_GraphInputs):
     """
 
     def __init__(self, out_dim: int = 10, level: str = "graph", node_features: int = 9, edge_features: int = 3,
-                 categorical: bool = True, node_classes: int = 17, edge_classes: int = 8, dim: int = 64,
+                 categorical: bool = True, node_classes: int = 17, edge_classes: int = 6, dim: int = 64,
                  depth: int = 2, heads: int = 4, k: int = 32, rwpe_steps: int = 0, norm_position: str = "pre",
                  drop_token: float = 0.0, qk_dropout: float = 0.0, dropout: float = 0.0, ffn_dropout: float = 0.0,
                  attention: str = "sft", attention_options: dict | None = None):
@@ -194,7 +194,7 @@ class TokenGraphModel(_GraphInputs):
     """
 
     def __init__(self, out_dim: int = 10, level: str = "graph", node_features: int = 9, edge_features: int = 3,
-                 categorical: bool = True, node_classes: int = 17, edge_classes: int = 8, dim: int = 64,
+                 categorical: bool = True, node_classes: int = 17, edge_classes: int = 6, dim: int = 64,
                  depth: int = 2, heads: int = 4, k: int = 32, mode: str = "hard", pe_dim: int = 16,
                  attention: str | None = "samsa", attention_options: dict | None = None):
         super().__init__()

@@ -111,6 +111,7 @@ _BUILTIN_MODULES: list[str] = ["pointformers.tasks.tracking.spec", "pointformers
                                "pointformers.tasks.clustering", "pointformers.tasks.potential",
                                "pointformers.tasks.point_mae", "pointformers.tasks.language_model",
                                "pointformers.tasks.images", "pointformers.tasks.lra_text",
+                               "pointformers.tasks.graphs", "pointformers.tasks.lra_retrieval",
                                "pointformers.tasks.lra_image"]
 
 
