@@ -358,6 +358,15 @@ def sft_flops(m: "SFTAttention", n: int, dim: int, pos_dim: int | None = None) -
     return f
 
 
+class _CheckedEdges:
+    """An edge tensor already checked and masked for this forward pass (shared through the context)."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+
 @register("sft", flops=sft_flops, bench={"k": 256})
 class SFTAttention(TokenMixer):
     """SFT sampled leaky-ReLU maxout attention (the token mixer; residual and norms: :func:`SFTBlock`).
@@ -466,9 +475,10 @@ class SFTAttention(TokenMixer):
         if edge_attr.device != x.device:
             raise ValueError(f"sft: edge_attr is on {edge_attr.device} but x is on {x.device}")
         pair = mask[:, :, None] & mask[:, None, :]
-        if not bool(torch.isfinite(edge_attr[pair]).all()):
+        out = edge_attr.masked_fill(~pair[..., None], 0.0)   # padding may hold anything, NaN included
+        if not bool(torch.isfinite(out).all()):
             raise ValueError("sft: edge_attr contains NaN or inf between real points")
-        return edge_attr.masked_fill(~pair[..., None], 0.0)
+        return out
 
     def _relative_logits(self, samp: SFTSample, pos, edge_attr, x, wd):
         """Pre-activation R_mul / R_add logits for the S₁ and S₂ member of every bin: 4 × (B, h, N, k')."""
@@ -530,8 +540,12 @@ class SFTAttention(TokenMixer):
         ``context``: read for ``edge_attr`` when the keyword is not given (``context.inputs``);
         nothing is prepared (the sampler depends on the layer's own x). Training randomness comes
         from the global torch RNG."""
-        if edge_attr is None and context is not None:
-            edge_attr = context.inputs.get("edge_attr")
+        if edge_attr is None and context is not None and context.inputs.get("edge_attr") is not None:
+            # the layers of one forward pass share the context's edge tensor: check and mask it once
+            shared = context.inputs["edge_attr"]
+            mask_in = self.check(x, pos, mask)
+            edge_attr = context.get(("sft.edge_attr", self.edge_dim),
+                                    lambda: _CheckedEdges(self._check_edge_attr(shared, x, mask_in)))
         if self.exportable:  # no host-side look at the data: checked eagerly, skipped while tracing
             return self._forward_general(x, pos, self.check(x, pos, mask), edge_attr=edge_attr)
         mask = self.validate(x, pos, mask)
@@ -652,7 +666,8 @@ class SFTAttention(TokenMixer):
         if mask is None:
             mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         if self.rpe == "graph":
-            edge_attr = self._check_edge_attr(edge_attr, x, mask)
+            edge_attr = (edge_attr.tensor if isinstance(edge_attr, _CheckedEdges)
+                         else self._check_edge_attr(edge_attr, x, mask))
         d = self.head_dim
         wd = work_dtype(x.dtype)
         keep = mask.unsqueeze(-1)
