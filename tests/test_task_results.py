@@ -88,3 +88,29 @@ def test_resume_scores_finished_runs_and_a_new_run_never_replaces_one(tmp_path):
     again = tr.run_task_results(config, [0], over, out_dir=tmp_path / "runs", log=None, resume=True)
     assert again["rows"][0]["test"] == first["rows"][0]["test"]          # scored again, not retrained
     assert (tmp_path / "runs" / "language-model-mlp-seed0" / "best.pt").read_bytes() == best
+
+
+def _write_many(args):
+    from pointformers.bench.harness import write_section
+
+    doc, name = args
+    for i in range(25):
+        write_section(doc, name, f"{name} text {i}", "cmd")
+    return name
+
+
+def test_concurrent_section_writers_keep_each_others_sections(tmp_path):
+    """Two runs finishing together (e.g. two task_results on different tasks writing docs/results.md)
+    must not overwrite each other's section: the read-modify-write is locked."""
+    import multiprocessing
+
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n\nprose by hand\n")
+    names = [f"task-{i}" for i in range(4)]
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        pool.map(_write_many, [(str(doc), n) for n in names])
+    text = doc.read_text()
+    assert "prose by hand" in text
+    for n in names:
+        assert text.count(f"<!-- {n}:begin -->") == 1 and f"{n} text 24" in text, n
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
