@@ -106,6 +106,11 @@ def test_maxout_l1_identity_values_and_gradients():
     rq, rk = torch.autograd.grad((dense * w).sum(), (q, k))
     torch.testing.assert_close(gq, rq, atol=1e-12, rtol=0)
     torch.testing.assert_close(gk, rk, atol=1e-12, rtol=0)
+    # one side only (the other detached): the backward computes just that gradient
+    only_q = torch.autograd.grad((maxout_scores(q, k.detach(), chunk_elems=50) * w).sum(), q)[0]
+    only_k = torch.autograd.grad((maxout_scores(q.detach(), k, chunk_elems=50) * w).sum(), k)[0]
+    torch.testing.assert_close(only_q, rq, atol=1e-12, rtol=0)
+    torch.testing.assert_close(only_k, rk, atol=1e-12, rtol=0)
     # ties (all-ones input): ½ to each side, as torch.maximum
     o = torch.ones(1, 3, 2, dtype=torch.float64, requires_grad=True)
     p = torch.ones(1, 2, 2, dtype=torch.float64, requires_grad=True)

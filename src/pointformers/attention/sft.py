@@ -96,17 +96,28 @@ class _MaxoutScore(torch.autograd.Function):
         need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         # d max(a, b)/da = (1 + sign(a − b)) / 2 (½ at ties, as torch.maximum); chunk over queries so
         # that the sign tensor holds at most chunk_elems elements.
-        rows = max(1, ctx.chunk_elems // max(1, G * m * d))
+        # One sign buffer, reused by every chunk and overwritten in place (no per-chunk allocations):
+        # the query gradient reads it as a batched GEMV, then it is scaled by g in place and summed
+        # over the chunk's queries for the key gradient.
+        rows = max(1, min(n, ctx.chunk_elems // max(1, G * m * d)))
         gq = torch.empty_like(q) if need_q else None
         gk = torch.zeros_like(k) if need_k else None
+        g = g.to(q.dtype)
+        buf = q.new_empty(G, rows, m, d)
+        part = q.new_empty(G, m, d) if need_k else None
         for s in range(0, n, rows):
-            gs = g[:, s:s + rows]                                       # (G, c, m)
-            sign = torch.sign(q[:, s:s + rows, None, :] - k[:, None, :, :])  # (G, c, m, d)
-            gsign = torch.matmul(gs.unsqueeze(-2), sign).squeeze(-2) if need_q else None  # (G, c, d)
+            c = min(rows, n - s)
+            gs = g[:, s:s + c]                                          # (G, c, m)
+            sign = buf[:, :c]
+            torch.sub(q[:, s:s + c, None, :], k[:, None, :, :], out=sign)
+            torch.sign(sign, out=sign)                                  # (G, c, m, d)
             if need_q:
-                gq[:, s:s + rows] = 0.5 * (gs.sum(-1, keepdim=True) + gsign)
+                gsign = torch.matmul(gs.unsqueeze(-2), sign).squeeze(-2)   # (G, c, d)
+                gq[:, s:s + c] = 0.5 * (gs.sum(-1, keepdim=True) + gsign)
             if need_k:
-                gk += 0.5 * (gs.sum(1).unsqueeze(-1) - torch.einsum("gcm,gcmd->gmd", gs, sign))
+                sign.mul_(gs.unsqueeze(-1))
+                torch.sum(sign, 1, out=part)
+                gk += 0.5 * (gs.sum(1).unsqueeze(-1) - part)
         return gq, gk, None
 
 
