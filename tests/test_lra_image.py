@@ -64,7 +64,7 @@ def test_grey_levels_follow_the_weights_and_tokens_run_row_by_row():
 def test_lra_image_configs_validate_and_errors_name_the_key():
     spec = get_task("lra-image")
     paths = sorted((ROOT / "configs").glob("lra-image-*.yaml"))
-    assert {p.stem for p in paths} == {"lra-image-samsa", "lra-image-sft", "lra-image-full", "lra-image-mlp"}
+    assert {p.stem for p in paths} == {"lra-image-samsa", "lra-image-sft", "lra-image-full", "lra-image-performer", "lra-image-mlp"}
     for p in paths:
         spec.validate(load_config(p))
     cfg = load_config(paths[0])

@@ -83,7 +83,7 @@ def test_dual_encoder_reads_both_documents_with_one_encoder():
 
 
 def test_every_lra_retrieval_config_trains_and_its_loss_falls(tmp_path):
-    assert {p.stem for p in CONFIGS} == {f"lra-retrieval-{k}" for k in ("samsa", "sft", "full", "mlp")}
+    assert {p.stem for p in CONFIGS} == {f"lra-retrieval-{k}" for k in ("samsa", "sft", "full", "performer", "mlp")}
     spec = get_task("lra-retrieval")
     for path in CONFIGS:
         cfg = load_config(path, [f"data.cache_dir={tmp_path}", "data.preset=tiny", "data.max_len=300",

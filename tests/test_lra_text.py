@@ -86,7 +86,7 @@ def test_imdb_reader(tmp_path):
 
 @pytest.mark.heavy
 def test_every_lra_text_config_trains_and_its_loss_falls(tmp_path):
-    assert {p.stem for p in CONFIGS} == {"lra-text-samsa", "lra-text-sft", "lra-text-full", "lra-text-mlp"}
+    assert {p.stem for p in CONFIGS} == {"lra-text-samsa", "lra-text-sft", "lra-text-full", "lra-text-performer", "lra-text-mlp"}
     spec = get_task("lra-text")
     for path in CONFIGS:
         cfg = load_config(path, [f"data.cache_dir={tmp_path}", "data.preset=tiny", "data.max_len=260",

@@ -135,7 +135,7 @@ def test_pathfinder_configs_validate_and_the_mlp_trains_on_the_stand_in(tmp_path
     spec = get_task("lra-image")
     paths = sorted((ROOT / "configs").glob("lra-pathfinder-*.yaml"))
     assert {p.stem for p in paths} == {"lra-pathfinder-samsa", "lra-pathfinder-sft", "lra-pathfinder-full",
-                                       "lra-pathfinder-mlp"}
+                                       "lra-pathfinder-performer", "lra-pathfinder-mlp"}
     for p in paths:
         spec.validate(load_config(p))
     cfg = load_config(paths[1], ["data.sizes=[48, 8, 8]"])
