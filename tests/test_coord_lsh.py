@@ -32,6 +32,10 @@ def test_equals_the_dense_formula_over_the_rounds_blocks(qk_norm):
     torch.testing.assert_close(y, attn.reference(x, pos, mask))
     assert bool((y[1, 25:] == 0).all())
     torch.testing.assert_close(attn(x[1:, :25], pos[1:, :25])[0], y[1, :25])  # alone = in a padded batch
+    with torch.no_grad():   # inference: the in-place block softmax, with empty blocks (padding) and chunks
+        torch.testing.assert_close(attn(x, pos, mask), y)
+        attn.chunk_elems = 64
+        torch.testing.assert_close(attn(x, pos, mask), y)
 
 
 @pytest.mark.parametrize("n_hashes", [1, 3])
@@ -69,6 +73,19 @@ def test_blocks_are_local_in_eta_phi():
     blocks = pos[0, order[0].reshape(-1), :2].view(-1, 16, 2)
     spread = blocks.std(1).mean()
     assert float(spread) < 0.4 * float(pos[0, :, :2].std(0).mean())
+
+
+def test_inference_block_softmax_equals_the_autograd_one():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(5, 8, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    ok = torch.rand(5, 8, generator=g) > 0.3
+    ok[2] = False                       # a block without keys: o = 0, lse very negative
+    v[~ok] = 0.0                        # as the empty slots' table row
+    o, lse = coord_lsh.block_softmax(q, k, v, ok, 0.5)
+    oi, lsei = coord_lsh.block_softmax_inference(q, k, v, ok, 0.5)
+    torch.testing.assert_close(oi, o)
+    torch.testing.assert_close(lsei[ok.any(-1)], lse[ok.any(-1)])
+    assert bool((oi[2] == 0).all()) and bool((lsei[2] < -1e300).all())
 
 
 def test_export_mode_chunks_and_recomputation_give_the_same_function(monkeypatch):

@@ -68,6 +68,21 @@ def block_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_ok: tor
     return o, lse
 
 
+def block_softmax_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_ok: torch.Tensor,
+                            scale: float):
+    """:func:`block_softmax` without autograd: the (c, b, b) scores live in one buffer, masked,
+    shifted by their row maximum and exponentiated in place, and the outputs are normalised after
+    the product with v (c·b·d divisions instead of c·b·b). Same results up to float rounding."""
+    s = torch.matmul(q * scale, k.transpose(-1, -2))
+    s.masked_fill_(~key_ok[:, None, :], torch.finfo(s.dtype).min)
+    top = s.amax(-1, keepdim=True)
+    s.sub_(top).exp_()
+    z = s.sum(-1)                                     # >= 1: the row maximum contributes exp(0)
+    o = torch.matmul(s, v).div_(z[..., None])
+    o.masked_fill_(~key_ok.any(-1)[:, None, None], 0.0)   # a block without keys: o = 0, as documented
+    return o, top.squeeze(-1) + z.log()
+
+
 @register("coord_lsh", flops=coord_lsh_flops,
           bench={"coord_dim": 3, "block_size": 1024, "n_hashes": 3, "num_regions": 100, "head_dim": 16},
           model_options=("head_dim", "coord_dim", "block_size", "n_hashes", "num_regions"))
@@ -206,8 +221,12 @@ class CoordLSHAttention(TokenMixer):
                 args = (qt.index_select(0, idx.reshape(-1)).view(*idx.shape, d),
                         kt.index_select(0, idx.reshape(-1)).view(*idx.shape, d),
                         vt.index_select(0, idx.reshape(-1)).view(*idx.shape, d), idx != dummy)
-                parts.append(checkpoint(block_softmax, *args, self.scale, use_reentrant=False) if recompute
-                             else block_softmax(*args, self.scale))
+                if recompute:
+                    parts.append(checkpoint(block_softmax, *args, self.scale, use_reentrant=False))
+                elif torch.is_grad_enabled() and any(t.requires_grad for t in args[:3]):
+                    parts.append(block_softmax(*args, self.scale))
+                else:   # inference: in-place passes over one score buffer
+                    parts.append(block_softmax_inference(*args, self.scale))
             o = torch.cat([p[0] for p in parts])
             lse = torch.cat([p[1] for p in parts])
         o = o.flatten(0, 1)[point_slot]  # (B, T, H, N, d): indexing keeps the index's shape, no view
