@@ -210,6 +210,25 @@ def test_batched_sectors_equal_sectors_run_one_at_a_time(attention_mask):
                 torch.testing.assert_close(a.assign_logits[0], b.assign_logits[s, :, :n], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("attention_mask", [False, True])
+def test_inference_path_equals_the_training_path(attention_mask):
+    """Without autograd the decoder takes its in-place softmax (and no mask when nothing is padded);
+    ``last_only`` skips the intermediate heads: the same predictions as with autograd."""
+    dec = _decoder(attention_mask=attention_mask)
+    g = torch.Generator().manual_seed(5)
+    hits = torch.randn(3, 12, 16, generator=g, dtype=torch.float64)
+    for mask in (None, torch.arange(12)[None].expand(3, 12) < torch.tensor([[12], [7], [3]])):
+        with torch.enable_grad():
+            ref = dec(hits, mask)
+        with torch.no_grad():
+            fast, last = dec(hits, mask), dec(hits, mask, last_only=True)
+        assert len(fast) == 2 and len(last) == 1
+        for a, b in zip(fast, ref):
+            torch.testing.assert_close(a.assign_logits, b.assign_logits.detach(), rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(a.object_logits, b.object_logits.detach(), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(last[0].assign_logits, ref[-1].assign_logits.detach(), rtol=1e-10, atol=1e-10)
+
+
 def test_the_attention_mask_acts_only_when_asked_for():
     """The mask threshold changes nothing without the Mask2Former mask (every slot sees every real hit at every
     layer), and changes the later layers with it."""

@@ -136,15 +136,17 @@ class TrackReconstructor(nn.Module):
                 raise ValueError("outputs: the training outputs need padded input (B, N, ·) with a mask; flat input "
                                  "(batch= or ptr=) gives the track labels only")
             return self.track_labels(x, coords, mask, batch=batch, ptr=ptr)
-        out = self._outputs(x, coords, mask)
+        out = self._outputs(x, coords, mask, last_only=not outputs)
         return out if outputs else self.labels_from(out, x.shape[1])
 
-    def _outputs(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor]) -> TrackOutput:
+    def _outputs(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor],
+                 last_only: bool = False) -> TrackOutput:
+        """The forward's outputs; ``last_only``: only the last decoder stage (inference's labels)."""
         if mask is None:
             mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         h = self.encoder(x, coords, mask)                                    # (B, N, dim), checked inputs
         sectors = phi_sectors(coords[..., self.phi_column], mask, self.num_sectors, self.overlap)
-        stages = self.decoder(gather_sectors(h, sectors), sectors.mask)
+        stages = self.decoder(gather_sectors(h, sectors), sectors.mask, last_only=last_only)
         return TrackOutput(self.embed_head(h), self.hit_head(h).squeeze(-1), sectors, stages,
                            self.param_head(stages[-1].slots))
 
@@ -163,7 +165,7 @@ class TrackReconstructor(nn.Module):
     def track_labels(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Inference: ``(B, N)`` int64 track label of every hit, unique within an event, −1 for none (the
         forward's default output); flat input with ``batch=``/``ptr=`` as the forward."""
-        return self.labels_from(self._outputs(x, coords, mask), x.shape[1])
+        return self.labels_from(self._outputs(x, coords, mask, last_only=True), x.shape[1])
 
 
 def track_parameters(params: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -28,6 +28,8 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 
+from .model_inputs import is_tracing
+
 __all__ = ["TrackDecoder", "DecoderOutput", "Sectors", "phi_sectors", "gather_sectors", "assign_hits",
            "labels_to_hits", "stitch_tracks"]
 
@@ -134,7 +136,17 @@ class _Attention(nn.Module):
             # torch.export guard on the hit count (n != 1) in a form it cannot prove
             return proj(t.flatten(0, 1)).unflatten(0, t.shape[:2]).unflatten(-1, (h, d // h)).transpose(1, 2)
 
-        scores = split(self.q, q) @ split(self.k, kv).transpose(-1, -2) * (d // h) ** -0.5     # (S, h, M, n)
+        scale = (d // h) ** -0.5
+        if not torch.is_grad_enabled() and not is_tracing():
+            # inference: one (S, h, M, n) buffer, masked, shifted and exponentiated in place; the
+            # weighted sum is normalised after the product (S·h·M·d/h divisions, not S·h·M·n)
+            scores = (split(self.q, q) * scale) @ split(self.k, kv).transpose(-1, -2)
+            if allowed is not None:
+                scores.masked_fill_(~allowed, float("-inf"))
+            scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+            y = (scores @ split(self.v, kv)).div_(scores.sum(-1, keepdim=True))
+            return self.o(y.transpose(1, 2).reshape(s, m, d))
+        scores = split(self.q, q) @ split(self.k, kv).transpose(-1, -2) * scale     # (S, h, M, n)
         if allowed is not None:
             scores = scores.masked_fill(~allowed, float("-inf"))
         y = self.dropout(torch.softmax(scores, -1)) @ split(self.v, kv)
@@ -173,7 +185,9 @@ class TrackDecoder(nn.Module):
         mask_threshold: see ``attention_mask``.
 
     Shapes: ``forward(hits (S, n, dim), mask (S, n) bool)`` returns a list of ``n_layers``
-    :class:`DecoderOutput` (one per layer, the last is the prediction).
+    :class:`DecoderOutput` (one per layer, the last is the prediction); ``last_only=True`` returns the
+    last one alone (a list of one), skipping the intermediate heads inference does not read (unless the
+    attention mask needs them).
     """
 
     def __init__(self, dim: int, num_slots: int, heads: int = 8, n_layers: int = 2, hidden: Optional[int] = None,
@@ -203,11 +217,14 @@ class TrackDecoder(nn.Module):
         z = self.out_norm(slots)
         return DecoderOutput(self.class_head(z).squeeze(-1), torch.einsum("smd,snd->smn", self.mask_embed(z), hits), z)
 
-    def _allowed(self, mask: torch.Tensor, prev: Optional[DecoderOutput]) -> torch.Tensor:
+    def _allowed(self, mask: torch.Tensor, prev: Optional[DecoderOutput]) -> Optional[torch.Tensor]:
         """(S, 1, M, n) bool: which hits each slot may attend to. A row with nothing allowed (a sector with
         no real hit, or a slot that claims none) falls back to the real hits, then to every position, so
-        softmax never sees an empty row."""
+        softmax never sees an empty row. None (everything allowed) without an attention mask when every
+        position is a real hit (eager only: a traced graph keeps the general form)."""
         s, n = mask.shape
+        if prev is None and not is_tracing() and bool(mask.all()):
+            return None
         allowed = mask[:, None, :].expand(s, self.num_slots, n)
         if prev is not None:
             claimed = (torch.sigmoid(prev.assign_logits) >= self.mask_threshold) & allowed
@@ -216,7 +233,8 @@ class TrackDecoder(nn.Module):
         allowed = allowed | ~allowed.any(-1, keepdim=True)
         return allowed[:, None]
 
-    def forward(self, hits: torch.Tensor, mask: Optional[torch.Tensor] = None) -> list[DecoderOutput]:
+    def forward(self, hits: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                last_only: bool = False) -> list[DecoderOutput]:
         if hits.dim() != 3 or hits.shape[-1] != self.dim:
             raise ValueError(f"TrackDecoder: hits must be (S, n, {self.dim}), got {tuple(hits.shape)}")
         if mask is None:
@@ -228,11 +246,13 @@ class TrackDecoder(nn.Module):
         slots = self.slots[None].expand(hits.shape[0], -1, -1)
         prev = self.predict(slots, hits) if self.attention_mask else None
         outs = []
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             slots = layer(slots, hits, self._allowed(mask, prev if self.attention_mask else None))
+            if last_only and not self.attention_mask and i + 1 < len(self.layers):
+                continue
             prev = self.predict(slots, hits)
             outs.append(prev)
-        return outs
+        return outs[-1:] if last_only else outs
 
 
 def assign_hits(out: DecoderOutput, mask: torch.Tensor, threshold: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
