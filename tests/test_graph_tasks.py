@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from pointformers import models
 from pointformers.engine.config import load_config
 from pointformers.tasks.graphs import GraphBatch, GraphTask, graph_batches
 from pointformers.tasks.registry import get_task
+
+from config_training import train_config_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("peptides-func", "peptides-struct", "pascalvoc-sp")
@@ -28,20 +29,8 @@ def test_every_graph_config_trains_and_its_loss_falls(task, tmp_path):
     assert {p.stem for p in paths} == {f"{task}-{k}" for k in KINDS}
     spec = get_task(task)
     for path in paths:
-        cfg = load_config(path, [f"data.cache_dir={tmp_path}", "data.preset=tiny", "data.mini_batch=8"])
-        spec.validate(cfg)
-        samples = spec.load(cfg, ("train", "val"), False)
-        torch.manual_seed(0)
-        model = models.build(cfg["model"]["name"], **cfg["model"]["options"])
-        t = spec.build(cfg)
-        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-        losses = []
-        for _ in range(15):
-            loss = t.loss(model, samples["train"][0])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
+        losses, t, model, samples = train_config_steps(
+            path, [f"data.cache_dir={tmp_path}", "data.preset=tiny", "data.mini_batch=8"])
         assert losses[-1] < 0.85 * losses[0], (path.name, losses)
         out = t.evaluate(model, samples["val"])
         assert set(out) == {spec.metric, "loss"} and np.isfinite(out[spec.metric]), (path.name, out)

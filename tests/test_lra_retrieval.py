@@ -12,6 +12,8 @@ from pointformers.data import retrieval as rt
 from pointformers.engine.config import load_config
 from pointformers.tasks.registry import get_task
 
+from config_training import train_config_steps
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("lra-retrieval-*.yaml"))
 
@@ -84,23 +86,9 @@ def test_dual_encoder_reads_both_documents_with_one_encoder():
 
 def test_every_lra_retrieval_config_trains_and_its_loss_falls(tmp_path):
     assert {p.stem for p in CONFIGS} == {f"lra-retrieval-{k}" for k in ("samsa", "sft", "full", "performer", "mlp")}
-    spec = get_task("lra-retrieval")
     for path in CONFIGS:
-        cfg = load_config(path, [f"data.cache_dir={tmp_path}", "data.preset=tiny", "data.max_len=300",
-                                 "data.mini_batch=8"])
-        spec.validate(cfg)
-        samples = spec.load(cfg, ("train", "val"), False)
-        torch.manual_seed(0)
-        model = models.build(cfg["model"]["name"], **cfg["model"]["options"])
-        task = spec.build(cfg)
-        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-        losses = []
-        for _ in range(15):
-            loss = task.loss(model, samples["train"][0])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
+        losses, task, model, samples = train_config_steps(
+            path, [f"data.cache_dir={tmp_path}", "data.preset=tiny", "data.max_len=300", "data.mini_batch=8"])
         assert losses[-1] < 0.8 * losses[0], (path.name, losses)
         out = task.evaluate(model, samples["val"])
         assert 0 <= out["accuracy"] <= 1 and np.isfinite(out["loss"])

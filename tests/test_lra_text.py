@@ -5,12 +5,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from pointformers import models
 from pointformers.data import byte_text as bt
 from pointformers.engine.config import load_config
 from pointformers.tasks.registry import get_task
+
+from config_training import train_config_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("lra-text-*.yaml"))
@@ -89,20 +89,8 @@ def test_every_lra_text_config_trains_and_its_loss_falls(tmp_path):
     assert {p.stem for p in CONFIGS} == {"lra-text-samsa", "lra-text-sft", "lra-text-full", "lra-text-performer", "lra-text-mlp"}
     spec = get_task("lra-text")
     for path in CONFIGS:
-        cfg = load_config(path, [f"data.cache_dir={tmp_path}", "data.preset=tiny", "data.max_len=260",
-                                 "data.mini_batch=8"])
-        samples = spec.load(cfg, ("train", "val"), False)
-        torch.manual_seed(0)
-        model = models.build(cfg["model"]["name"], **cfg["model"]["options"])
-        task = spec.build(cfg)
-        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-        losses = []
-        for _ in range(20):
-            loss = task.loss(model, samples["train"][0])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
+        losses, task, model, samples = train_config_steps(
+            path, [f"data.cache_dir={tmp_path}", "data.preset=tiny", "data.max_len=260", "data.mini_batch=8"], 20)
         assert losses[-1] < 0.8 * losses[0], (path.name, losses)
         out = task.evaluate(model, samples["val"])
         assert 0 <= out["accuracy"] <= 1 and np.isfinite(out["loss"])
