@@ -218,7 +218,8 @@ def _random_rotation(g):
 
 @pytest.mark.parametrize("options", [{}, {"rel_features": "ppf"}, {"rpe_hidden": 8},
                                      {"rel_features": "ppf", "rpe_hidden": 8}, {"tokens": "radial"},
-                                     {"tokens": "radial", "normal_dims": 0}])
+                                     {"tokens": "radial", "normal_dims": 0}, {"tokens": "local"},
+                                     {"tokens": "local", "normal_dims": 0}])
 def test_rotation_invariant_model_is_invariant(options):
     g = torch.Generator().manual_seed(6)
     torch.manual_seed(6)
@@ -254,6 +255,34 @@ def test_radial_tokens_are_the_points_invariants_about_their_centroid():
     for bad in ({"tokens": "mean"}, {"tokens": "radial", "rotation_invariant": False}):
         with pytest.raises(ValueError, match="tokens"):
             SFTEncoder(8, depth=1, heads=2, k=4, **{"rotation_invariant": True, **bad})
+
+
+def test_local_tokens_are_the_neighbourhoods_invariants():
+    """tokens="local" against a hand computation for one point, padding ignored as a neighbour."""
+    import pointformers.models.sft_models as sm
+
+    g = torch.Generator().manual_seed(5)
+    enc = SFTEncoder(8, depth=1, heads=2, k=4, rotation_invariant=True, tokens="local").double()
+    n = 24
+    xyz = torch.randn(1, n, 3, generator=g, dtype=torch.float64)
+    nrm = F.normalize(torch.randn(1, n, 3, generator=g, dtype=torch.float64), dim=-1)
+    mask = torch.ones(1, n, dtype=torch.bool)
+    mask[0, 20:] = False
+    got = enc._local(torch.cat([xyz, nrm], -1), mask)
+    pts, ns = xyz[0, :20], nrm[0, :20]
+    i = 3
+    c = pts.mean(0)
+    dist = (pts - pts[i]).norm(dim=-1)
+    dist[i] = float("inf")
+    nb = dist.argsort()[: sm.LOCAL_NEIGHBOURS]
+    off = pts[nb] - pts[i]
+    ev = torch.linalg.eigvalsh(off.T @ off / len(nb))
+    r = (pts[i] - c).norm()
+    feats = torch.cat([r[None], dist[nb].mean()[None], ev[:2] / ev.sum(),
+                       (ns[i] @ (pts[i] - c) / r)[None], (ns[nb] @ ns[i]).mean()[None],
+                       ((off / off.norm(dim=-1, keepdim=True)) @ ns[i]).mean()[None]])
+    torch.testing.assert_close(got[0, i], enc.token_embed(feats))
+    assert float(got[0, 20:].abs().max()) == 0.0
 
 
 def test_point_pair_features_and_rpe_mlp():

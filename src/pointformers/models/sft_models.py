@@ -93,7 +93,8 @@ class SFTEncoder(nn.Module):
         tokens: the rotation-invariant variant's input tokens: ``"ones"`` (the paper's all-ones vectors)
             or ``"radial"`` (a remedy for their slow start, not the paper's: a linear embedding of each
             point's invariants about its cloud's centroid c, ‖x_i − c‖ and, with normals,
-            n_i·(x_i − c)/‖x_i − c‖; still exactly invariant to rotations and translations).
+            n_i·(x_i − c)/‖x_i − c‖; still exactly invariant to rotations and translations), or
+            ``"local"`` (also invariant descriptors of each point's neighbourhood: :meth:`_local`).
         norm_position: ``"pre"``/``"post"``; default post for the rotation-invariant variant (Table 9,
             exp. 1.3) and pre otherwise.
         attention: the registry key of the layers' mixer (default ``"sft"``).
@@ -107,10 +108,10 @@ class SFTEncoder(nn.Module):
     def __init__(self, dim: int, depth: int, heads: int = 8, k: int = 256, rotation_invariant: bool = False,
                  norm_position: str | None = None, attention: str = "sft", tokens: str = "ones", **block_options):
         super().__init__()
-        if tokens not in ("ones", "radial"):
-            raise ValueError(f"tokens: expected 'ones' (the paper's) or 'radial', got {tokens!r}")
+        if tokens not in TOKENS:
+            raise ValueError(f"tokens: expected 'ones' (the paper's), 'radial' or 'local', got {tokens!r}")
         if tokens != "ones" and not rotation_invariant:
-            raise ValueError("tokens='radial' is an input of the rotation-invariant variant (rotation_invariant=True)")
+            raise ValueError(f"tokens={tokens!r} is an input of the rotation-invariant variant (rotation_invariant=True)")
         mechanism = attention_entry(attention)
         if rotation_invariant:
             if not mechanism.accepts("rpe"):
@@ -124,7 +125,9 @@ class SFTEncoder(nn.Module):
         norm_position = norm_position or ("post" if rotation_invariant else "pre")
         self.dim, self.rotation_invariant = dim, rotation_invariant
         self.normal_dims = block_options.get("normal_dims", 0)
-        self.token_embed = nn.Linear(1 + (self.normal_dims > 0), dim) if tokens == "radial" else None
+        self.tokens = tokens
+        width = {"ones": 0, "radial": 1 + (self.normal_dims > 0), "local": 4 + 3 * (self.normal_dims > 0)}[tokens]
+        self.token_embed = nn.Linear(width, dim) if width else None
         self.blocks = nn.ModuleList(sft_layer(dim, attention, heads=heads, norm_position=norm_position,
                                               **block_options) for _ in range(depth))
 
@@ -133,7 +136,10 @@ class SFTEncoder(nn.Module):
         if self.rotation_invariant:
             if not isinstance(pos, torch.Tensor) or pos.dim() != 3:
                 raise ValueError("sft: the rotation-invariant encoder needs pos (B, N, P) = [xyz, normals]")
-            x = pos.new_ones(*pos.shape[:2], self.dim) if self.token_embed is None else self._radial(pos, mask)
+            if self.token_embed is None:
+                x = pos.new_ones(*pos.shape[:2], self.dim)
+            else:
+                x = self._radial(pos, mask) if self.tokens == "radial" else self._local(pos, mask)
         elif x is None:
             raise ValueError("sft: x (B, N, D) is required unless rotation_invariant=True")
         context = ForwardContext(pos, mask, edge_attr=edge_attr)
@@ -155,6 +161,51 @@ class SFTEncoder(nn.Module):
         return self.token_embed(torch.cat(feats, -1)) * w
 
 
+    def _local(self, pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """``tokens="local"``: a linear map of each point's rotation- and translation-invariant
+        descriptors (a remedy, not the paper's): the radial pair of :meth:`_radial`; over its
+        :data:`LOCAL_NEIGHBOURS` nearest real neighbours j, the mean distance, and the two smallest
+        eigenvalues of their offsets' covariance over its trace (flatness, elongation); with normals,
+        the mean n_i·n_j (curvature), the mean n_i·(x_j − x_i)/‖x_j − x_i‖ (convex or concave) and
+        n_i·(x_i − c)/‖x_i − c‖. Each is a function of distances and dot products of rotated vectors,
+        so the tokens are exactly invariant (up to rounding). pos (B, N, 3 + normal_dims) -> (B, N, D)."""
+        xyz = pos[..., :3]
+        B, N, _ = xyz.shape
+        real = torch.ones(B, N, dtype=torch.bool, device=pos.device) if mask is None else mask
+        w = real.unsqueeze(-1).to(xyz.dtype)
+        c = (xyz * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1.0)
+        d = xyz - c
+        r = d.norm(dim=-1, keepdim=True)
+        dist = torch.cdist(xyz, xyz).masked_fill(~real[:, None, :], float("inf"))
+        dist.diagonal(dim1=1, dim2=2).fill_(float("inf"))                    # not its own neighbour
+        kk = max(1, min(LOCAL_NEIGHBOURS, N - 1))
+        nd, idx = dist.topk(kk, dim=-1, largest=False)                      # (B, N, k)
+        ok = torch.isfinite(nd)                                              # fewer real neighbours: skip
+        okf = ok.to(xyz.dtype).unsqueeze(-1)
+        cnt = okf.sum(2).clamp_min(1.0)                                      # (B, N, 1)
+        nb = torch.gather(xyz.unsqueeze(1).expand(B, N, N, 3), 2, idx.unsqueeze(-1).expand(B, N, kk, 3))
+        off = (nb - xyz.unsqueeze(2)) * okf                                  # (B, N, k, 3)
+        mean_d = (nd.nan_to_num(0.0, posinf=0.0).unsqueeze(-1) * okf).sum(2) / cnt
+        cov = off.transpose(-1, -2) @ off / cnt.unsqueeze(-1)                # (B, N, 3, 3)
+        ev = torch.linalg.eigvalsh(cov)                                      # ascending
+        shape = ev[..., :2] / ev.sum(-1, keepdim=True).clamp_min(1e-12)
+        feats = [r, mean_d, shape]
+        if self.normal_dims:
+            nrm = pos[..., 3:6]
+            nn_ = torch.gather(nrm.unsqueeze(1).expand(B, N, N, 3), 2, idx.unsqueeze(-1).expand(B, N, kk, 3))
+            curv = ((nn_ * nrm.unsqueeze(2)).sum(-1, keepdim=True) * okf).sum(2) / cnt
+            unit = off / off.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+            convex = ((unit * nrm.unsqueeze(2)).sum(-1, keepdim=True) * okf).sum(2) / cnt
+            feats += [(nrm * d).sum(-1, keepdim=True) / r.clamp_min(1e-12), curv, convex]
+        return self.token_embed(torch.cat(feats, -1)) * w
+
+
+#: Input tokens of the rotation-invariant variant (:class:`SFTEncoder`'s ``tokens``).
+TOKENS = ("ones", "radial", "local")
+#: Neighbours of ``tokens="local"``'s descriptors.
+LOCAL_NEIGHBOURS = 16
+
+
 class SFTPointEncoder(nn.Module):
     """Per-point SFT encoder: (x, pos, mask) -> tokens (B, N, D), shared by the classifier and segmenter.
 
@@ -165,7 +216,7 @@ class SFTPointEncoder(nn.Module):
         k: sampled tokens per layer (paper 256).
         rotation_invariant: all-ones tokens, relative features only (needs a mechanism that takes
             relative features, an ``rpe`` option: ``attention="sft"``).
-        tokens: the rotation-invariant tokens, ``"ones"`` (paper) or ``"radial"`` (see :class:`SFTEncoder`).
+        tokens: the rotation-invariant tokens, ``"ones"`` (paper), ``"radial"`` or ``"local"`` (see :class:`SFTEncoder`).
         relative: feed the point relative features to a mechanism that takes them (``rpe="points"``;
             paper: yes).
         norm_position: ``"pre"``/``"post"`` (default: post when rotation-invariant, else pre).
