@@ -68,8 +68,9 @@ PAPER_NOTES: dict[str, str] = {
         "(9 classes, ~195 nodes), width 64, 2 layers, 30 epochs; not comparable with the papers' numbers."),
     "lra-retrieval": (
         "LRA Retrieval (AAN), test accuracy: the SFT paper's Table 4 SFT 71.33, Transformer 57.46, Performer 53.82; "
-        "the SAMSA paper's Table 1 SAMSA 81.81-82.05 against 79.14 for its full attention. Here: the generated topic-pair stand-in (4,000 training pairs "
-        "of ~1k bytes), width 64, 2 layers, 4 epochs; not comparable with the papers' numbers."),
+        "the SAMSA paper's Table 1 SAMSA 81.81-82.05 against 79.14 for its full attention. Here: the generated "
+        "topic-pair stand-in (4,000 training pairs of ~1k bytes), width 64, 2 layers, 4 epochs; not comparable "
+        "with the papers' numbers."),
 }
 
 
