@@ -158,7 +158,9 @@ def test_sft_configs_run_tables_8_and_9(stem, drop, table8):
     tr = cfg["train"]
     opts = cfg["model"]["options"]
     assert opts["drop_token"] == drop
-    assert (opts["qk_dropout"], opts["dropout"], opts["ffn_dropout"]) == (0.1, 0.1, 0.2)   # Table 9
+    # Table 9; the CPU-sized rotation-invariant classifier keeps drop token only (its header says why)
+    want = (0.0, 0.0, 0.0) if stem == "shape-classification-sft-ri-cls" else (0.1, 0.1, 0.2)
+    assert (opts["qk_dropout"], opts["dropout"], opts["ffn_dropout"]) == want
     assert (tr["optimizer"], tr["schedule"], tr["lr"]) == ("adamw", "step", 1e-3)
     assert {k: tr[k] for k in table8} == table8
 
@@ -166,7 +168,7 @@ def test_sft_configs_run_tables_8_and_9(stem, drop, table8):
 @pytest.mark.parametrize("stem", ["shape-classification-sft-ri-cls", "shape-classification-sft-ri-cls-paper",
                                   "part-segmentation-sft-ri-partseg"])
 def test_rotation_invariant_configs_build_exactly_invariant_models(stem):
-    # the configs' own options (CPU remedies: radial tokens, point-pair features, RPE MLP): output unchanged
+    # the configs' own options (CPU remedies: invariant tokens, point-pair features, RPE MLP): output unchanged
     # by a rotation of the shape with its normals and a translation, and changed by a non-rigid deformation
     cfg = _cfg(stem)
     opts = dict(cfg["model"]["options"], **({"num_categories": 2} if "num_categories" in cfg["model"]["options"] else {}))
