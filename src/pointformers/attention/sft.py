@@ -551,7 +551,8 @@ class SFTAttention(TokenMixer):
         ``context``: read for ``edge_attr`` when the keyword is not given (``context.inputs``);
         nothing is prepared (the sampler depends on the layer's own x). Training randomness comes
         from the global torch RNG."""
-        if edge_attr is None and context is not None and context.inputs.get("edge_attr") is not None:
+        if (edge_attr is None and self.rpe == "graph" and context is not None
+                and context.inputs.get("edge_attr") is not None):
             # the layers of one forward pass share the context's edge tensor: check and mask it once
             shared = context.inputs["edge_attr"]
             mask_in = self.check(x, pos, mask)
