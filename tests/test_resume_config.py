@@ -52,6 +52,13 @@ def test_display_options_are_not_compared(run: Path) -> None:
     assert _metrics(run)["config_changes"] == []
 
 
+def test_the_device_is_not_compared(run: Path) -> None:
+    # a run started with device auto continues with an explicit device (another machine, a benchmark)
+    assert main(["train", *SETS, "--set", "train.device=cpu", "--set", "train.epochs=3", "--out", str(run),
+                 "--resume"]) == 0
+    assert _metrics(run)["config_changes"] == [{"epoch": 2, "changes": {"train.epochs": [2, 3]}, "accepted": []}]
+
+
 def test_other_changes_are_refused_naming_the_keys(run: Path, capsys) -> None:
     before = {p: (run / p).read_bytes() for p in ("config.yaml", "last.pt", "best.pt", "metrics.json")}
     capsys.readouterr()

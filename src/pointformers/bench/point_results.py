@@ -138,7 +138,7 @@ def train_config(path: str, seed: int, overrides: Sequence[str] = (), out_dir: s
     found = existing_run_files(run_dir)
     if found and not resume:  # an earlier run's checkpoints are never replaced by a new one
         raise ValueError(f"--out: {run_dir} already holds a run ({', '.join(found)}); choose another --out, or "
-                         "continue it with --resume where the command has it (task_results)")
+                         "continue it with --resume")
     t0 = time.perf_counter()
     res = fit(model, task, samples["train"], samples["val"], TrainConfig(**{**cfg["train"], "device": "cpu"}), run_dir,
               cfg["model"]["name"], cfg["model"]["options"], log=None, resume=resume)
@@ -162,23 +162,24 @@ def train_config(path: str, seed: int, overrides: Sequence[str] = (), out_dir: s
 
 def run_experiment(configs: Sequence[str], seeds: Sequence[int], overrides: Sequence[str] = (),
                    out_dir: str | os.PathLike = "runs/point-results", rotated_test: bool = False,
-                   log: Callable[[str], None] | None = print) -> list[dict[str, Any]]:
+                   log: Callable[[str], None] | None = print, resume: bool = False) -> list[dict[str, Any]]:
     """:func:`train_config` for every config and seed (data loaded once per data/task section)."""
     if not configs or not seeds:
         raise ValueError("configs/seeds: need at least one config and one seed")
     cache: dict = {}
-    return [train_config(p, s, overrides, out_dir, rotated_test, cache, log) for p in configs for s in seeds]
+    return [train_config(p, s, overrides, out_dir, rotated_test, cache, log, resume=resume)
+            for p in configs for s in seeds]
 
 
 def pretraining_comparison(seeds: Sequence[int], pretrain_config: str = PRETRAIN_CONFIG,
                            finetune_config: str = FINETUNE_CONFIG, overrides: Sequence[str] = (),
                            out_dir: str | os.PathLike = "runs/point-results",
-                           log: Callable[[str], None] | None = print) -> list[dict[str, Any]]:
+                           log: Callable[[str], None] | None = print, resume: bool = False) -> list[dict[str, Any]]:
     """Per seed: masked pre-training (``pretrain_config``, ``train.seed`` = seed), then the classifier
     ``finetune_config`` trained from scratch (row stem ``<stem>-scratch``) and fine-tuned from that
     run's best checkpoint (``<stem>-pretrained``), both with the same seed. ``overrides`` apply to all
     three (data and train keys: both configs read the shape data). Returns the rows, per seed the
-    pre-training's first (its ``test`` holds the masked-group Chamfer-L2)."""
+    pre-training's first (its ``test`` holds the masked-group Chamfer-L2). ``resume``: as in :func:`train_config`."""
     from ..tasks import point_mae  # noqa: F401  (registers the point-mae-pretrain task)
 
     if not seeds:
@@ -186,13 +187,13 @@ def pretraining_comparison(seeds: Sequence[int], pretrain_config: str = PRETRAIN
     stem = _stem(finetune_config)
     rows, cache = [], {}
     for seed in seeds:
-        pre = train_config(pretrain_config, seed, overrides, out_dir, data_cache=cache, log=log)
+        pre = train_config(pretrain_config, seed, overrides, out_dir, data_cache=cache, log=log, resume=resume)
         ckpt = Path(pre["run"]) / "best.pt"
         rows.append(pre)
         rows.append(train_config(finetune_config, seed, overrides, out_dir, data_cache=cache, log=log,
-                                 stem=stem + SCRATCH_SUFFIX))
+                                 stem=stem + SCRATCH_SUFFIX, resume=resume))
         rows.append(train_config(finetune_config, seed, [*overrides, f"model.options.pretrained={ckpt}"], out_dir,
-                                 data_cache=cache, log=log, stem=stem + PRETRAINED_SUFFIX))
+                                 data_cache=cache, log=log, stem=stem + PRETRAINED_SUFFIX, resume=resume))
     return rows
 
 
@@ -459,7 +460,7 @@ def run_point_results(shape_configs: Sequence[str] = SHAPE_CONFIGS, listops_conf
                       log: Callable[[str], None] | None = print,
                       reuse: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
                       pretraining: bool = True, pretrain_config: str = PRETRAIN_CONFIG,
-                      finetune_config: str = FINETUNE_CONFIG) -> dict[str, Any]:
+                      finetune_config: str = FINETUNE_CONFIG, resume: bool = False) -> dict[str, Any]:
     """Run the four measurements, check the claims, optionally write the ``point-results`` section of ``doc``.
 
     ``pretraining``: run the masked pre-training comparison (:func:`pretraining_comparison` of
@@ -469,6 +470,9 @@ def run_point_results(shape_configs: Sequence[str] = SHAPE_CONFIGS, listops_conf
     memory only, or to merge runs of different configs or seeds made in parallel processes (a later
     file's row replaces an earlier one of the same config and seed). With ``memory_sizes`` empty, the
     memory rows of the last file that has some are taken too.
+    ``resume``: continue each run folder of ``out_dir`` that holds an interrupted run of the same
+    config, and only score a finished one (:func:`train_config`), so an interrupted command picks up
+    where it stopped.
     Returns ``{"shapes", "listops", "pretraining", "memory", "claims", "markdown"}`` (and writes
     ``out_dir/point-results.json``).
     """
@@ -501,13 +505,15 @@ def run_point_results(shape_configs: Sequence[str] = SHAPE_CONFIGS, listops_conf
         pretraining = False
     if shape_configs:
         say(f"shapes: {len(shape_configs)} configs x {len(seeds)} seeds")
-        shapes = run_experiment(shape_configs, seeds, shape_overrides, out_dir, rotated_test=True, log=say)
+        shapes = run_experiment(shape_configs, seeds, shape_overrides, out_dir, rotated_test=True, log=say,
+                                resume=resume)
     if listops_configs:
         say(f"listops: {len(listops_configs)} configs x {len(seeds)} seeds")
-        listops = run_experiment(listops_configs, seeds, listops_overrides, out_dir, log=say)
+        listops = run_experiment(listops_configs, seeds, listops_overrides, out_dir, log=say, resume=resume)
     if pretraining:
         say(f"masked pre-training: {len(seeds)} seeds")
-        pretrain = pretraining_comparison(seeds, pretrain_config, finetune_config, shape_overrides, out_dir, say)
+        pretrain = pretraining_comparison(seeds, pretrain_config, finetune_config, shape_overrides, out_dir, say,
+                                          resume=resume)
     if memory_sizes:
         say(f"memory: sizes {list(memory_sizes)}")
         memory = memory_comparison(memory_sizes, memory_config, log=say)
@@ -557,12 +563,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--reuse", nargs="+", default=None, metavar="JSON",
                    help="take the shape and ListOps rows from earlier point-results.json files instead of training "
                         "(merges runs made in parallel; with --memory-sizes and no sizes, their memory rows too)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue interrupted run folders of --out and score finished ones instead of refusing them")
     a = p.parse_args(argv)
     if a.threads is not None:
         torch.set_num_threads(a.threads)
     run_point_results(a.shape_configs, a.listops_configs, a.seeds, a.memory_sizes, a.shape_set, a.listops_set,
                       a.memory_config, a.out, a.write, reuse=a.reuse, pretraining=a.pretraining,
-                      pretrain_config=a.pretrain_config, finetune_config=a.finetune_config)
+                      pretrain_config=a.pretrain_config, finetune_config=a.finetune_config, resume=a.resume)
     return 0
 
 

@@ -476,7 +476,8 @@ class Trainer:
         """Compare the run's stored config (``train_config``, ``model_name``, ``model_config`` of
         ``last.pt``) with the one given now. More ``epochs`` is taken unless the schedule depends
         on the run's length (``cosine``, ``linear``: its remaining rates would not continue the ones already
-        used); ``progress`` and ``tensorboard`` (display and logging only) are ignored; any other
+        used); ``progress`` and ``tensorboard`` (display and logging only) and ``device`` (a run may continue
+        on another machine; checkpoints are loaded onto the current device) are ignored; any other
         difference raises ValueError listing the keys, unless ``accept_config_change``. A train
         key the stored config lacks (a run of an older version) counts as its default, the
         behaviour of that version. Taken changes are recorded in ``config_changes`` (kept in
@@ -494,7 +495,7 @@ class Trainer:
         now = {f"train.{k}": v for k, v in asdict(self.config).items()}
         now["model.name"] = self.model_name
         now.update({f"model.options.{k}": v for k, v in self.model_config.items()})
-        ignored = {"train.progress", "train.tensorboard"}
+        ignored = {"train.progress", "train.tensorboard", "train.device"}
         missing = object()
         keys = [k for k in stored if k not in ignored] + \
                [k for k in now if k not in stored and k not in ignored and k.startswith("model.options.")]
