@@ -147,6 +147,12 @@ def test_bad_inputs_name_the_argument():
     bad[1, 0] = 8                                  # an edge from graph 0 into graph 1
     with pytest.raises(ValueError, match="two different graphs"):
         m(xs, bad, eas, batch)
+    for pe_dim in (0, 4):   # the token model checks its edges with and without the Laplacian encoding
+        mt = _build("samsa-graph", k=4, pe_dim=pe_dim)
+        with pytest.raises(ValueError, match="two different graphs"):
+            mt(xs, bad, eas, batch)
+        with pytest.raises(ValueError, match="edge_index"):
+            mt(x, ei + 100, ea)
     mc = _build("samsa-graph", categorical=False, node_features=9, k=4, edge_features=3)
     xf = x.float()
     xf[0, 0] = float("nan")

@@ -39,8 +39,8 @@ from torch import nn
 from ..attention import entry as attention_entry
 from ..data.batch import FlatLayout, flat_layout
 from ..nn import RMSNorm
-from ..nn.graph_structure import CategoricalEncoder, dense_adjacency, dense_edges, laplacian_pe, one_hot_codes, \
-    random_walk_pe
+from ..nn.graph_structure import CategoricalEncoder, check_edges, dense_adjacency, dense_edges, laplacian_pe, \
+    one_hot_codes, random_walk_pe
 from ..nn.pooling import masked_mean
 from ..nn.transformer_block import FeedForward
 from .registry import register_model
@@ -227,7 +227,7 @@ class TokenGraphModel(_GraphInputs):
                 batch: torch.Tensor | None = None, *, ptr: torch.Tensor | None = None) -> torch.Tensor:
         layout = self._layout(x, edge_index, edge_attr, batch, ptr)
         B, N, n = layout.n_clouds, layout.n_max, x.shape[0]
-        adj = dense_adjacency(edge_index, layout.cloud, layout.slot, B, N)   # also checks edge_index
+        check_edges(edge_index, layout.cloud)
         cols = self._undirected(edge_index, n)
         u, v = edge_index.long()[:, cols]
         nodes = self.node_encoder(x) + self.token_type.weight[0]
@@ -235,6 +235,7 @@ class TokenGraphModel(_GraphInputs):
         if self.edge_encoder is not None:
             edges = edges + self.edge_encoder(edge_attr[cols])
         if self.pe is not None:
+            adj = dense_adjacency(edge_index, layout.cloud, layout.slot, B, N)
             p = layout.unpad(laplacian_pe(adj, layout.mask(), self.pe_dim)).to(nodes.dtype)
             if self.training:   # eigenvector signs are arbitrary: randomise them per graph and column
                 sign = torch.randint(0, 2, (B, self.pe_dim), device=p.device).to(p.dtype) * 2 - 1

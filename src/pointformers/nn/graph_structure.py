@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["dense_edges", "dense_adjacency", "random_walk_pe", "laplacian_pe", "one_hot_codes", "CategoricalEncoder"]
+__all__ = ["check_edges", "dense_edges", "dense_adjacency", "random_walk_pe", "laplacian_pe", "one_hot_codes", "CategoricalEncoder"]
 
 
 def _check_edge_index(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
@@ -27,16 +27,23 @@ def _check_edge_index(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
     return edge_index.long()
 
 
+def check_edges(edge_index: torch.Tensor, graph: torch.Tensor) -> torch.Tensor:
+    """``edge_index`` (2, E) as int64 after checking it: integer node ids of the flat node list
+    (``graph`` (n,): each node's graph id) whose two endpoints lie in the same graph; ValueError
+    naming ``edge_index`` otherwise."""
+    ei = _check_edge_index(edge_index, graph.shape[0])
+    if ei.numel() and not bool((graph[ei[0]] == graph[ei[1]]).all()):
+        raise ValueError("edge_index: an edge joins nodes of two different graphs (check batch/ptr)")
+    return ei
+
+
 def dense_edges(edge_index: torch.Tensor, values: torch.Tensor, graph: torch.Tensor, slot: torch.Tensor,
                 num_graphs: int, size: int) -> torch.Tensor:
     """Per-edge ``values`` (E, r) scattered into a dense (B, size, size, r) tensor at
     [graph, slot(src), slot(dst)]; zeros where there is no edge. Both endpoints of an edge must lie
     in the same graph (ValueError otherwise). A repeated edge keeps its last row."""
-    ei = _check_edge_index(edge_index, graph.shape[0])
-    src, dst = ei
+    src, dst = check_edges(edge_index, graph)
     g = graph[src]
-    if ei.numel() and not bool((g == graph[dst]).all()):
-        raise ValueError("edge_index: an edge joins nodes of two different graphs (check batch/ptr)")
     out = values.new_zeros(num_graphs, size, size, values.shape[-1])
     out[g, slot[src], slot[dst]] = values
     return out

@@ -33,7 +33,7 @@ from torch import nn
 
 from ..data.graphs import GraphSet
 from .metrics import macro_f1, mean_absolute_error, multilabel_average_precision
-from .minibatch import check_mini_batch
+from .minibatch import check_mini_batch, predict_items
 from .registry import TaskSpec, check_data_seed, config_section as _section, register_task
 
 __all__ = ["GraphBatch", "graph_batches", "GraphTask", "load_graph_sets", "output_width"]
@@ -170,19 +170,7 @@ class GraphTask:
     @torch.no_grad()
     def predict(self, model: nn.Module, samples: Sequence[GraphBatch]) -> tuple[torch.Tensor, torch.Tensor]:
         """(outputs, targets) of every graph (or node) of ``samples``, float32 on the CPU, eval mode."""
-        if not samples:
-            raise ValueError("samples: no graphs to evaluate")
-        was = model.training
-        model.eval()
-        try:
-            outs, targets = [], []
-            for s in samples:
-                b = s.tensors()
-                outs.append(self._outputs(model, b).float().cpu())
-                targets.append(b["targets"])
-        finally:
-            model.train(was)
-        return torch.cat(outs), torch.cat(targets)
+        return predict_items(model, samples, lambda s: self._outputs(model, s.tensors()), "graphs", "targets")
 
     def evaluate(self, model: nn.Module, samples: Sequence[GraphBatch]) -> dict[str, float]:
         """``{metric, "loss"}`` over every graph (node) of ``samples``."""

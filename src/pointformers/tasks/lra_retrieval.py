@@ -22,7 +22,7 @@ from torch import nn
 
 from ..data.retrieval import PairSet
 from .metrics import accuracy
-from .minibatch import ItemPool, check_mini_batch
+from .minibatch import ItemPool, check_mini_batch, predict_items
 from .registry import TaskSpec, check_data_seed, config_section as _section, register_task
 
 __all__ = ["NUM_CLASSES", "PairBatch", "pair_batches", "load_pair_sets", "RetrievalTask"]
@@ -113,15 +113,7 @@ class RetrievalTask:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, samples: Sequence[PairBatch]) -> dict[str, float]:
         """``{"accuracy", "loss"}`` over every pair of ``samples`` (model in eval mode, restored after)."""
-        if not samples:
-            raise ValueError("samples: no pairs to evaluate")
-        was = model.training
-        model.eval()
-        try:
-            logits = torch.cat([self._logits(model, s.tensors()).float().cpu() for s in samples])
-        finally:
-            model.train(was)
-        labels = torch.cat([s.tensors()["labels"] for s in samples])
+        logits, labels = predict_items(model, samples, lambda s: self._logits(model, s.tensors()), "pairs")
         return {"accuracy": accuracy(logits, labels), "loss": float(F.cross_entropy(logits, labels))}
 
 

@@ -135,23 +135,24 @@ class MiniBatch:
 
 
 @torch.no_grad()
-def predict_items(model: torch.nn.Module, samples: Sequence[MiniBatch], logits_of, what: str
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits (S, C) float32 on CPU, labels (S,)) of every item of ``samples`` with ``model`` in eval
-    mode (its mode restored after): ``logits_of(sample)`` gives one sample's logits (its own items,
-    :meth:`MiniBatch.tensors`); ``what`` names the items in the error for no samples."""
+def predict_items(model: torch.nn.Module, samples: Sequence[MiniBatch], logits_of, what: str,
+                  target: str = "labels") -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits (S, C) float32 on CPU, targets (S, ...)) of every item of ``samples`` with ``model`` in
+    eval mode (its mode restored after): ``logits_of(sample)`` gives one sample's logits (its own items),
+    ``sample.tensors()[target]`` its targets (any batch with a ``tensors()`` dict: mini-batches of
+    items, graph batches, document pairs); ``what`` names the items in the error for no samples."""
+    if not samples:
+        raise ValueError(f"samples: no {what} to evaluate")
     was = model.training
     model.eval()
     try:
-        logits, labels = [], []
+        logits, targets = [], []
         for s in samples:
             logits.append(logits_of(s).float().cpu())
-            labels.append(s.tensors()["labels"])
+            targets.append(s.tensors()[target])
     finally:
         model.train(was)
-    if not logits:
-        raise ValueError(f"samples: no {what} to evaluate")
-    return torch.cat(logits), torch.cat(labels)
+    return torch.cat(logits), torch.cat(targets)
 
 
 def num_batches(items: int, size: int) -> int:
