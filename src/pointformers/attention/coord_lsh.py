@@ -68,11 +68,36 @@ def block_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_ok: tor
     return o, lse
 
 
+#: PyTorch's fused CPU attention kernel that also returns each query's log-sum-exp (torch 2.13's
+#: ``aten._scaled_dot_product_flash_attention_for_cpu``; None where a build lacks it).
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _flash_cpu_block_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_ok: torch.Tensor,
+                             scale: float):
+    """:func:`block_softmax` by the fused CPU kernel (blocked, online softmax: the (c, b, b) scores are
+    never written out), each block one batch entry. Its log-sum-exp output carries no gradient, so
+    inference only."""
+    mask = None
+    if not bool(key_ok.all()):  # additive -inf on the empty slots (a keyless block: o = 0 from the kernel)
+        mask = torch.zeros(key_ok.shape, dtype=q.dtype, device=q.device).masked_fill_(~key_ok, float("-inf"))
+        mask = mask[:, None, None, :]
+    o, lse = _FLASH_CPU(q[:, None], k[:, None], v[:, None], 0.0, False, attn_mask=mask, scale=scale)
+    o, lse = o[:, 0], lse[:, 0]
+    if mask is not None:
+        lse = lse.masked_fill(~key_ok.any(-1)[:, None], torch.finfo(lse.dtype).min)
+    return o, lse
+
+
 def block_softmax_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_ok: torch.Tensor,
                             scale: float):
-    """:func:`block_softmax` without autograd: the (c, b, b) scores live in one buffer, masked,
-    shifted by their row maximum and exponentiated in place, and the outputs are normalised after
-    the product with v (c·b·d divisions instead of c·b·b). Same results up to float rounding."""
+    """:func:`block_softmax` without autograd. On the CPU (float32/64, bfloat16) by PyTorch's fused
+    attention kernel; elsewhere the (c, b, b) scores live in one buffer, masked, shifted by their row
+    maximum and exponentiated in place, and the outputs are normalised after the product with v
+    (c·b·d divisions instead of c·b·b). Same results up to float rounding."""
+    if _FLASH_CPU is not None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64,
+                                                                         torch.bfloat16):
+        return _flash_cpu_block_softmax(q, k, v, key_ok, scale)
     s = torch.matmul(q * scale, k.transpose(-1, -2))
     # most chunks have no empty slot; on the CPU, where looking costs no device sync, skip their mask pass
     if s.device.type != "cpu" or not bool(key_ok.all()):

@@ -26,6 +26,7 @@ import math
 from typing import NamedTuple, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .model_inputs import is_tracing
@@ -138,13 +139,10 @@ class _Attention(nn.Module):
 
         scale = (d // h) ** -0.5
         if not torch.is_grad_enabled() and not is_tracing():
-            # inference: one (S, h, M, n) buffer, masked, shifted and exponentiated in place; the
-            # weighted sum is normalised after the product (S·h·M·d/h divisions, not S·h·M·n)
-            scores = (split(self.q, q) * scale) @ split(self.k, kv).transpose(-1, -2)
-            if allowed is not None:
-                scores.masked_fill_(~allowed, float("-inf"))
-            scores.sub_(scores.amax(-1, keepdim=True)).exp_()
-            y = (scores @ split(self.v, kv)).div_(scores.sum(-1, keepdim=True))
+            # inference: PyTorch's fused attention (no (S, h, M, n) score tensor written out); every
+            # row of ``allowed`` has a True entry (_allowed's fallbacks), so no row is empty
+            y = F.scaled_dot_product_attention(split(self.q, q), split(self.k, kv), split(self.v, kv),
+                                               attn_mask=allowed, scale=scale)
             return self.o(y.transpose(1, 2).reshape(s, m, d))
         scores = split(self.q, q) @ split(self.k, kv).transpose(-1, -2) * scale     # (S, h, M, n)
         if allowed is not None:
