@@ -274,3 +274,34 @@ def test_bad_input_errors():
         performer(nb_features=0)
     with pytest.raises(ValueError, match="seed"):
         performer(seed=-1)
+
+
+@pytest.mark.parametrize("keys", [False, True])
+def test_fused_positive_features_equal_the_reference_with_gradients(keys):
+    from pointformers.attention.random_features import key_exponents, positive_features, query_features
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 2, 9, 5, generator=g, dtype=torch.float64)
+    omega = torch.randn(7, 5, generator=g, dtype=torch.float64)
+    mask = torch.ones(3, 9, dtype=torch.bool)
+    mask[1, 6:] = False
+    mask[2] = False                      # a cloud without real keys: its key features are all 0
+    w = torch.randn(3, 2, 9, 7, generator=g, dtype=torch.float64)
+
+    def reference(x):
+        if not keys:
+            return query_features(x, omega)
+        e = key_exponents(x, omega).masked_fill(~mask[:, None, :, None], float("-inf"))
+        c = e.amax(dim=(-2, -1), keepdim=True).detach()
+        return torch.exp(e - torch.where(torch.isfinite(c), c, torch.zeros_like(c)))
+
+    xr, xf = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want, got = reference(xr), positive_features(xf, omega, mask if keys else None, keys=keys)
+    torch.testing.assert_close(got, want, atol=1e-13, rtol=1e-12)
+    (want * w).sum().backward()
+    (got * w).sum().backward()
+    torch.testing.assert_close(xf.grad, xr.grad, atol=1e-12, rtol=1e-10)
+    with torch.no_grad():                # the in-place inference path
+        torch.testing.assert_close(positive_features(x, omega, mask if keys else None, keys=keys), want.detach())
+    if keys:
+        assert bool((got[2] == 0).all()) and bool((got[1, :, 6:] == 0).all())

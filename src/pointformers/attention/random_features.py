@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..nn.model_inputs import is_tracing
+
 #: Redraw policies accepted by :class:`RandomDraws`.
 REDRAW_NEVER = "never"
 REDRAW_EVERY = "every_forward_in_training"
@@ -177,6 +179,80 @@ def key_exponents(kh: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
     return kh @ omega.transpose(0, 1) - 0.5 * kh.pow(2).sum(-1, keepdim=True)
 
 
+def _features_in_place(x: torch.Tensor, omega: torch.Tensor, mask: torch.Tensor | None, keys: bool) -> torch.Tensor:
+    """The positive features in one (..., N, m) buffer, every step in place: queries
+    exp(ωᵀq − max_m ωᵀq); keys exp(ωᵀk − ‖k‖²/2 − c) with c the max over the cloud's real keys
+    (padded keys: 0). x (B, H, N, D), omega (m, D), mask (B, N) or None (all real)."""
+    f = x @ omega.transpose(0, 1)
+    if keys:
+        f.sub_(0.5 * x.pow(2).sum(-1, keepdim=True))
+        if mask is not None:
+            f.masked_fill_(~mask[:, None, :, None], float("-inf"))
+        c = f.amax(dim=(-2, -1), keepdim=True)
+        c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))   # a cloud without real keys: all 0
+    else:
+        c = f.amax(-1, keepdim=True)
+    return f.sub_(c).exp_()
+
+
+class _PositiveFeatures(torch.autograd.Function):
+    """:func:`_features_in_place` with its gradient: with f = exp(u − c) (c constant, as detached in
+    the reference), ∂u = g·f, and x enters through u = ωᵀx (− ‖x‖²/2 for keys), so
+    ∂x = (g·f) ω (− x Σ_m g·f). Keeps f, x and ω for the backward pass instead of autograd's
+    three or four (..., N, m) intermediates."""
+
+    @staticmethod
+    def forward(ctx, x, omega, mask, keys):
+        f = _features_in_place(x, omega, mask, keys)
+        ctx.save_for_backward(x, omega, f)
+        ctx.keys = keys
+        return f
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        x, omega, f = ctx.saved_tensors
+        gu = g * f
+        gx = gu @ omega
+        if ctx.keys:
+            gx.sub_(x * gu.sum(-1, keepdim=True))
+        return gx, None, None, None
+
+
+def positive_features(x: torch.Tensor, omega: torch.Tensor, mask: torch.Tensor | None = None,
+                      keys: bool = False) -> torch.Tensor:
+    """Positive random features of queries (``keys=False``, stabilised per row) or keys
+    (``keys=True``, one stabiliser per (cloud, head) over its real keys, padded keys 0).
+    x (B, H, N, D), omega (m, D), mask (B, N) bool or None -> (B, H, N, m).
+
+    Same values and gradients as :func:`query_features`, and as the exponentials of
+    :func:`key_exponents` that :func:`linear_attention` takes, in one buffer per call (a fused
+    autograd step in training, in place without autograd); the traced (export) graph and a
+    learnable Ω take those reference functions."""
+    if is_tracing() or omega.requires_grad:
+        if not keys:
+            return query_features(x, omega)
+        e = key_exponents(x, omega)
+        if mask is not None:
+            e = e.masked_fill(~mask[:, None, :, None], float("-inf"))
+        c = e.amax(dim=(-2, -1), keepdim=True).detach()
+        return torch.exp(e - torch.where(torch.isfinite(c), c, torch.zeros_like(c)))
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _PositiveFeatures.apply(x, omega, mask, keys)
+    with torch.no_grad():
+        return _features_in_place(x, omega, mask, keys)
+
+
+def normalised_feature_attention(q_feat: torch.Tensor, k_feat: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Σ_j ϕ(q_i)·ϕ(k_j) v_j / Σ_j ϕ(q_i)·ϕ(k_j) from features (padded keys' features 0).
+    q_feat, k_feat (B, H, N, m), v (B, H, N, d) -> (B, H, N, d). The normaliser rides along as a
+    column of ones beside v: one pass over each feature tensor gives numerator and denominator."""
+    d = v.shape[-1]
+    kv = k_feat.transpose(-1, -2) @ torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], -1)   # (B, H, m, d + 1)
+    out = q_feat @ kv
+    return out[..., :d] / out[..., d:].clamp_min(torch.finfo(out.dtype).tiny)
+
+
 def linear_attention(q_feat: torch.Tensor, k_exp: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Non-causal normalised linear attention with a key-padding mask.
 
@@ -245,11 +321,10 @@ def favor_attention(qh: torch.Tensor, kh: torch.Tensor, v: torch.Tensor, omega: 
 
     qh, kh (B, H, N, D); v (B, H, N, d); omega (m, D); mask (B, N). Returns (B, H, N, d)."""
     omega = omega.to(qh.dtype)
-    q_feat = query_features(qh, omega)
-    k_exp = key_exponents(kh, omega)
     if causal:
-        return causal_linear_attention(q_feat, k_exp, v, mask, chunk_size)
-    return linear_attention(q_feat, k_exp, v, mask)
+        return causal_linear_attention(query_features(qh, omega), key_exponents(kh, omega), v, mask, chunk_size)
+    real = None if (mask.device.type == "cpu" and not is_tracing() and bool(mask.all())) else mask
+    return normalised_feature_attention(positive_features(qh, omega), positive_features(kh, omega, real, keys=True), v)
 
 
 def dense_softmax_attention(logits: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, causal: bool = False
@@ -266,6 +341,7 @@ def dense_softmax_attention(logits: torch.Tensor, v: torch.Tensor, mask: torch.T
 
 
 __all__ = ["RandomDraws", "OrthogonalFeatures", "GaussianNoise", "orthogonal_gaussian", "parse_redraw",
-           "resolve_seed", "draw_generator", "query_features", "key_exponents", "linear_attention",
+           "resolve_seed", "draw_generator", "query_features", "key_exponents", "positive_features",
+           "normalised_feature_attention", "linear_attention",
            "causal_linear_attention", "favor_attention", "dense_softmax_attention", "compute_dtype",
            "REDRAW_NEVER", "REDRAW_EVERY", "CAUSAL_EXPORT_REFUSAL"]
