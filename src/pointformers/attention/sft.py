@@ -522,11 +522,15 @@ class SFTAttention(TokenMixer):
             positions = torch.arange(N, device=x.device, dtype=wd).expand(B, N)
         s = F.linear(sinusoid_1d(positions, self.rel_dim, self.sinusoid_exponent), self.w_pe.weight.to(wd))  # (B,N,c)
         s_t, s_r = gather_rows(s, samp.idx_top), gather_rows(s, samp.idx_rand)  # (B, k', c)
+        h = self.heads
+        w = torch.cat([self.r_mul.weight, self.r_add.weight]).to(wd)               # (2h, c): R_mul's, R_add's
+        bias = torch.cat([self.r_mul.bias, self.r_add.bias]).to(wd)[None, :, None, None]
         out = []
         for sk in (s_t, s_r):
-            for lin in (self.r_mul, self.r_add):
-                qh = s[:, None] * lin.weight.to(wd)[None, :, None, :]                  # (B, h, N, c)
-                out.append(torch.matmul(qh, sk[:, None].transpose(-1, -2)) + lin.bias.to(wd)[None, :, None, None])
+            # the head weights on the k' sampled side ((S'_i ⊙ w_h)·S'_j = S'_i·(w_h ⊙ S'_j)): no (B, h, N, c) copy
+            keys = sk[:, None] * w[None, :, None, :]                                # (B, 2h, k', c)
+            logits = torch.matmul(s[:, None], keys.transpose(-1, -2)) + bias        # (B, 2h, N, k')
+            out += [logits[:, :h], logits[:, h:]]
         return out
 
     # ---- forward ------------------------------------------------------------------------------
