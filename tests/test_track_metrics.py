@@ -243,6 +243,9 @@ def test_agrees_with_brute_force_on_random_clusterings_and_pools_events():
     assert any(line.startswith("overall") for line in lines)
     assert sum(line.startswith("pT [") for line in lines) == 3 and sum(line.startswith("eta [") for line in lines) == 2
     assert f"{res['overall']['eff_dm']:.4f}" in next(line for line in lines if line.startswith("overall"))
+    assert "tracks = DBSCAN clusters of >= 3 hits" in lines[0]
+    other = TrackMetricsAccumulator(tracks="the model's tracks").result()
+    assert "tracks = the model's tracks of >= 3 hits" in format_track_metrics(other).splitlines()[0]
     with pytest.raises(ValueError, match="result"):
         format_track_metrics({"overall": {}})
 

@@ -306,10 +306,16 @@ class TrackMetricsAccumulator:
         pt_min, eta_max: the particle cuts (pT ≥ 0.9 GeV, |η| < 4).
         min_hits: hits a track needs to count (3).
         pt_edges, eta_edges: bin edges of the tables against pT and η.
+        tracks: what the tracks are, for the report's heading (``"DBSCAN clusters"`` of embeddings,
+            or ``"the model's tracks"`` of an end-to-end model).
     """
 
     def __init__(self, pt_min: float = 0.9, eta_max: float = 4.0, min_hits: int = 3,
-                 pt_edges: Sequence[float] = DEFAULT_PT_EDGES, eta_edges: Sequence[float] = DEFAULT_ETA_EDGES):
+                 pt_edges: Sequence[float] = DEFAULT_PT_EDGES, eta_edges: Sequence[float] = DEFAULT_ETA_EDGES,
+                 tracks: str = "DBSCAN clusters"):
+        if not isinstance(tracks, str) or not tracks:
+            raise ValueError(f"tracks: expected a non-empty description, got {tracks!r}")
+        self.tracks = tracks
         self.pt_min = _check_cut(pt_min, "pt_min")
         self.eta_max = _check_cut(eta_max, "eta_max", positive=True)
         self.min_hits = _check_count(min_hits, "min_hits")
@@ -345,7 +351,7 @@ class TrackMetricsAccumulator:
                     **c}
 
         return {"cuts": {"pt_min": self.pt_min, "eta_max": self.eta_max, "min_hits": self.min_hits,
-                         "reconstructable_min_layers": 3, "events": self.events},
+                         "reconstructable_min_layers": 3, "events": self.events, "tracks": self.tracks},
                 "overall": {**match_rates(self.overall), **self.overall},
                 "vs_pt": [row(c, lo, hi) for c, lo, hi in zip(self.vs_pt, self.pt_edges[:-1], self.pt_edges[1:])],
                 "vs_eta": [row(c, lo, hi) for c, lo, hi in zip(self.vs_eta, self.eta_edges[:-1], self.eta_edges[1:])]}
@@ -382,7 +388,8 @@ def format_track_metrics(result: Mapping[str, Any]) -> str:
     w = max(len(n) for n, _ in rows)
     widths = [max(len(h), 7) for h, _ in _TABLE_COLS]
     header = f"{'':<{w}}  " + "  ".join(f"{h:>{cw}}" for (h, _), cw in zip(_TABLE_COLS, widths))
-    lines = [f"track matching ({c.get('events', '?')} clouds/events, counts summed): tracks = DBSCAN clusters of "
+    lines = [f"track matching ({c.get('events', '?')} clouds/events, counts summed): tracks = "
+             f"{c.get('tracks', 'DBSCAN clusters')} of "
              f">= {c['min_hits']} hits; particles with pT >= {c['pt_min']:g} GeV, |eta| < {c['eta_max']:g}, "
              f"hits on >= 3 layers (pT rows: the bin replaces the pT cut)",
              "  DM = double majority (>50% purity, >50% of the particle's hits), perf = perfect (all its hits, "

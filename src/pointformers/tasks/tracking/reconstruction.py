@@ -240,7 +240,8 @@ class TrackReconstructionTask:
     def _scores(self, labels: Sequence[np.ndarray], clouds: Sequence[TrackingCloud]) -> tuple[dict[str, float], dict]:
         out = {"trackml_score": trackml_score_split([trackml_score(lab, c.inputs.particle_id, cloud_truth_weights(c))
                                                      for lab, c in zip(labels, clouds)])}
-        report = track_matching_report(labels, clouds, self.match_pt_min, self.match_eta_max)
+        report = track_matching_report(labels, clouds, self.match_pt_min, self.match_eta_max,
+                                       tracks="the model's tracks")
         out.update({k: float(report["overall"][k]) for k in OVERALL_KEYS})
         out["num_tracks"] = float(sum(len(np.unique(lab[lab >= 0])) for lab in labels))
         return out, report

@@ -299,13 +299,14 @@ def cloud_particle_eta(cloud: TrackingCloud) -> np.ndarray:
 
 
 def track_matching_report(labels: Sequence[np.ndarray], clouds: Sequence[TrackingCloud], pt_min: float = 0.9,
-                          eta_max: float = 4.0, min_hits: int = 3) -> dict:
+                          eta_max: float = 4.0, min_hits: int = 3, tracks: str = "DBSCAN clusters") -> dict:
     """The track-matching metrics (:mod:`.metrics`) of per-cloud track labels, counts
     pooled over the clouds: :meth:`~.metrics.TrackMetricsAccumulator.result`. On φ-sector
-    clouds only the particles a sector owns count in it, so each particle counts once."""
+    clouds only the particles a sector owns count in it, so each particle counts once.
+    ``tracks`` says what the labels are (the report's heading)."""
     if len(labels) != len(clouds):
         raise ValueError(f"labels: got {len(labels)} for {len(clouds)} clouds")
-    acc = TrackMetricsAccumulator(pt_min=pt_min, eta_max=eta_max, min_hits=min_hits)
+    acc = TrackMetricsAccumulator(pt_min=pt_min, eta_max=eta_max, min_hits=min_hits, tracks=tracks)
     for lab, c in zip(labels, clouds):
         acc.add(lab, c.inputs.particle_id, c.inputs.pt, cloud_particle_eta(c), c.inputs.reconstructable,
                 owned=c.sector_own)
