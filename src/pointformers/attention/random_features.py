@@ -230,17 +230,20 @@ def positive_features(x: torch.Tensor, omega: torch.Tensor, mask: torch.Tensor |
     autograd step in training, in place without autograd); the traced (export) graph and a
     learnable Ω take those reference functions."""
     if is_tracing() or omega.requires_grad:
-        if not keys:
-            return query_features(x, omega)
-        e = key_exponents(x, omega)
-        if mask is not None:
-            e = e.masked_fill(~mask[:, None, :, None], float("-inf"))
-        c = e.amax(dim=(-2, -1), keepdim=True).detach()
-        return torch.exp(e - torch.where(torch.isfinite(c), c, torch.zeros_like(c)))
+        return key_features(key_exponents(x, omega), mask) if keys else query_features(x, omega)
     if torch.is_grad_enabled() and x.requires_grad:
         return _PositiveFeatures.apply(x, omega, mask, keys)
     with torch.no_grad():
         return _features_in_place(x, omega, mask, keys)
+
+
+def key_features(k_exp: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """exp(k_exp − c) with c the max over each cloud's real keys, per head (detached), padded keys 0
+    (a cloud without real keys: all 0). k_exp (B, H, N, m) (:func:`key_exponents`), mask (B, N) or None."""
+    if mask is not None:
+        k_exp = k_exp.masked_fill(~mask[:, None, :, None], float("-inf"))  # exp(-inf) = 0, zero gradient
+    c = k_exp.amax(dim=(-2, -1), keepdim=True).detach()   # one constant per (cloud, head), real keys only
+    return torch.exp(k_exp - torch.where(torch.isfinite(c), c, torch.zeros_like(c)))
 
 
 def normalised_feature_attention(q_feat: torch.Tensor, k_feat: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -261,15 +264,7 @@ def linear_attention(q_feat: torch.Tensor, k_exp: torch.Tensor, v: torch.Tensor,
     Returns (B, H, N, d): Σ_j ϕ(q_i)·ϕ(k_j) v_j / Σ_j ϕ(q_i)·ϕ(k_j) over real j.
     Time O(B·H·N·m·d), memory O(B·H·(N·m + m·d)).
     """
-    keep = mask[:, None, :, None]
-    e = k_exp.masked_fill(~keep, float("-inf"))  # padded keys: exp(-inf) = 0, with zero gradient
-    c = e.amax(dim=(-2, -1), keepdim=True).detach()  # one constant per (cloud, head), real keys only
-    k_feat = torch.exp(e - c)
-    kv = k_feat.transpose(-1, -2) @ v  # (B, H, m, d)
-    z = k_feat.sum(-2).unsqueeze(-1)  # (B, H, m, 1)
-    num = q_feat @ kv
-    den = q_feat @ z
-    return num / den.clamp_min(torch.finfo(den.dtype).tiny)
+    return normalised_feature_attention(q_feat, key_features(k_exp, mask), v)
 
 
 def causal_linear_attention(q_feat: torch.Tensor, k_exp: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -341,7 +336,7 @@ def dense_softmax_attention(logits: torch.Tensor, v: torch.Tensor, mask: torch.T
 
 
 __all__ = ["RandomDraws", "OrthogonalFeatures", "GaussianNoise", "orthogonal_gaussian", "parse_redraw",
-           "resolve_seed", "draw_generator", "query_features", "key_exponents", "positive_features",
+           "resolve_seed", "draw_generator", "query_features", "key_exponents", "key_features", "positive_features",
            "normalised_feature_attention", "linear_attention",
            "causal_linear_attention", "favor_attention", "dense_softmax_attention", "compute_dtype",
            "REDRAW_NEVER", "REDRAW_EVERY", "CAUSAL_EXPORT_REFUSAL"]
