@@ -182,8 +182,10 @@ def key_exponents(kh: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
 def _features_in_place(x: torch.Tensor, omega: torch.Tensor, mask: torch.Tensor | None, keys: bool) -> torch.Tensor:
     """The positive features in one (..., N, m) buffer, every step in place: queries
     exp(ωᵀq − max_m ωᵀq); keys exp(ωᵀk − ‖k‖²/2 − c) with c the max over the cloud's real keys
-    (padded keys: 0). x (B, H, N, D), omega (m, D), mask (B, N) or None (all real)."""
-    f = x @ omega.transpose(0, 1)
+    (padded keys: 0). x (B, H, N, D), omega (m, D), mask (B, N) or None (all real). In x's dtype (at
+    least float32, :func:`compute_dtype`) even under autocast, whose bfloat16 exponents are too coarse."""
+    with torch.autocast(x.device.type, enabled=False):
+        f = x @ omega.to(x.dtype).transpose(0, 1)
     if keys:
         f.sub_(0.5 * x.pow(2).sum(-1, keepdim=True))
         if mask is not None:
