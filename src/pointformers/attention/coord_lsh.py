@@ -92,9 +92,10 @@ def _flash_cpu_block_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 def block_softmax_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_ok: torch.Tensor,
                             scale: float):
     """:func:`block_softmax` without autograd. On the CPU (float32/64, bfloat16) by PyTorch's fused
-    attention kernel, unless the flash backend of scaled-dot-product attention is switched off; elsewhere the (c, b, b) scores live in one buffer, masked, shifted by their row
-    maximum and exponentiated in place, and the outputs are normalised after the product with v
-    (c·b·d divisions instead of c·b·b). Same results up to float rounding."""
+    attention kernel, unless the flash backend of scaled-dot-product attention is switched off;
+    elsewhere the (c, b, b) scores live in one buffer, masked, shifted by their row maximum and
+    exponentiated in place, and the outputs are normalised after the product with v (c·b·d
+    divisions instead of c·b·b). Same results up to float rounding."""
     # the fused kernel where F.scaled_dot_product_attention would take it: the flash backend on (a
     # ``sdpa_kernel(SDPBackend.MATH)`` context turns it off, here too)
     if (_FLASH_CPU is not None and q.device.type == "cpu" and torch.backends.cuda.flash_sdp_enabled()
