@@ -527,7 +527,8 @@ class SFTAttention(TokenMixer):
         bias = torch.cat([self.r_mul.bias, self.r_add.bias]).to(wd)[None, :, None, None]
         out = []
         for sk in (s_t, s_r):
-            # the head weights on the k' sampled side ((S'_i ⊙ w_h)·S'_j = S'_i·(w_h ⊙ S'_j)): no (B, h, N, c) copy
+            # the head weights on the k' sampled side, (S'_i ⊙ w_h)·S'_j = S'_i·(w_h ⊙ S'_j):
+            # no (B, h, N, c) copy
             keys = sk[:, None] * w[None, :, None, :]                                # (B, 2h, k', c)
             logits = torch.matmul(s[:, None], keys.transpose(-1, -2)) + bias        # (B, 2h, N, k')
             out += [logits[:, :h], logits[:, h:]]

@@ -352,9 +352,9 @@ def check_claims(shape_rows: Sequence[Mapping[str, Any]], listops_rows: Sequence
         target = [INVARIANT_SHARE * v for v in b0]   # the target carries the reference's spread, scaled
         d = statistics.fmean(a0) - statistics.fmean(target)
         out.append(f"{verdict([compare(a0, target)])}: the rotation-invariant SFT reaches at least "
-                   f"{100 * INVARIANT_SHARE:.0f} % of the non-invariant SFT's accuracy beyond the seeds' spread (test OA "
-                   f"%: {short(inv)} {mean_std(a0)} against {INVARIANT_SHARE:g} x {short(plain)} = {mean_std(target)}, "
-                   f"{d:+.1f}, spread {spread(a0, target):.1f}).")
+                   f"{100 * INVARIANT_SHARE:.0f} % of the non-invariant SFT's accuracy beyond the seeds' spread "
+                   f"(test OA %: {short(inv)} {mean_std(a0)} against {INVARIANT_SHARE:g} x {short(plain)} = "
+                   f"{mean_std(target)}, {d:+.1f}, spread {spread(a0, target):.1f}).")
     seq = list(dict.fromkeys(r["stem"] for r in listops_rows))
     base = _values(listops_rows, NO_ATTENTION_SEQ)
     if base:
