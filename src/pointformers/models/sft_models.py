@@ -147,19 +147,22 @@ class SFTEncoder(nn.Module):
             x = blk(x, pos, mask, context=context)
         return x
 
-    def _radial(self, pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """``tokens="radial"``: Linear([‖x_i − c‖, n_i·(x_i − c)/‖x_i − c‖]) with c the masked centroid.
-        pos (B, N, 3 + normal_dims), mask (B, N) | None -> (B, N, D)."""
+    def _radial_invariants(self, pos: torch.Tensor, mask: torch.Tensor | None):
+        """Each point's invariants about its cloud's masked centroid c: ``(r, nr, w)`` with r = ‖x_i − c‖,
+        nr = n_i·(x_i − c)/r (None without normals), each (B, N, 1), and w (B, N, 1) 1 at real points."""
         xyz = pos[..., :3]
         w = torch.ones_like(xyz[..., :1]) if mask is None else mask.unsqueeze(-1).to(xyz.dtype)
         c = (xyz * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1.0)
         d = xyz - c
         r = d.norm(dim=-1, keepdim=True)
-        feats = [r]
-        if self.normal_dims:
-            feats.append((pos[..., 3:6] * d).sum(-1, keepdim=True) / r.clamp_min(1e-12))
-        return self.token_embed(torch.cat(feats, -1)) * w
+        nr = (pos[..., 3:6] * d).sum(-1, keepdim=True) / r.clamp_min(1e-12) if self.normal_dims else None
+        return r, nr, w
 
+    def _radial(self, pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """``tokens="radial"``: Linear([‖x_i − c‖, n_i·(x_i − c)/‖x_i − c‖]) with c the masked centroid.
+        pos (B, N, 3 + normal_dims), mask (B, N) | None -> (B, N, D)."""
+        r, nr, w = self._radial_invariants(pos, mask)
+        return self.token_embed(torch.cat([r] if nr is None else [r, nr], -1)) * w
 
     def _local(self, pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """``tokens="local"``: a linear map of each point's rotation- and translation-invariant
@@ -171,11 +174,8 @@ class SFTEncoder(nn.Module):
         so the tokens are exactly invariant (up to rounding). pos (B, N, 3 + normal_dims) -> (B, N, D)."""
         xyz = pos[..., :3]
         B, N, _ = xyz.shape
-        real = torch.ones(B, N, dtype=torch.bool, device=pos.device) if mask is None else mask
-        w = real.unsqueeze(-1).to(xyz.dtype)
-        c = (xyz * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1.0)
-        d = xyz - c
-        r = d.norm(dim=-1, keepdim=True)
+        r, nr, w = self._radial_invariants(pos, mask)
+        real = w.squeeze(-1) > 0
         dist = torch.cdist(xyz, xyz).masked_fill(~real[:, None, :], float("inf"))
         dist.diagonal(dim1=1, dim2=2).fill_(float("inf"))                    # not its own neighbour
         kk = max(1, min(LOCAL_NEIGHBOURS, N - 1))
@@ -183,7 +183,11 @@ class SFTEncoder(nn.Module):
         ok = torch.isfinite(nd)                                              # fewer real neighbours: skip
         okf = ok.to(xyz.dtype).unsqueeze(-1)
         cnt = okf.sum(2).clamp_min(1.0)                                      # (B, N, 1)
-        nb = torch.gather(xyz.unsqueeze(1).expand(B, N, N, 3), 2, idx.unsqueeze(-1).expand(B, N, kk, 3))
+
+        def neighbours(t):   # (B, N, 3) -> each point's kk nearest neighbours' rows, (B, N, kk, 3)
+            return torch.gather(t.unsqueeze(1).expand(B, N, N, 3), 2, idx.unsqueeze(-1).expand(B, N, kk, 3))
+
+        nb = neighbours(xyz)
         off = (nb - xyz.unsqueeze(2)) * okf                                  # (B, N, k, 3)
         mean_d = (nd.nan_to_num(0.0, posinf=0.0).unsqueeze(-1) * okf).sum(2) / cnt
         cov = off.transpose(-1, -2) @ off / cnt.unsqueeze(-1)                # (B, N, 3, 3)
@@ -192,11 +196,10 @@ class SFTEncoder(nn.Module):
         feats = [r, mean_d, shape]
         if self.normal_dims:
             nrm = pos[..., 3:6]
-            nn_ = torch.gather(nrm.unsqueeze(1).expand(B, N, N, 3), 2, idx.unsqueeze(-1).expand(B, N, kk, 3))
-            curv = ((nn_ * nrm.unsqueeze(2)).sum(-1, keepdim=True) * okf).sum(2) / cnt
+            curv = ((neighbours(nrm) * nrm.unsqueeze(2)).sum(-1, keepdim=True) * okf).sum(2) / cnt
             unit = off / off.norm(dim=-1, keepdim=True).clamp_min(1e-12)
             convex = ((unit * nrm.unsqueeze(2)).sum(-1, keepdim=True) * okf).sum(2) / cnt
-            feats += [(nrm * d).sum(-1, keepdim=True) / r.clamp_min(1e-12), curv, convex]
+            feats += [nr, curv, convex]
         return self.token_embed(torch.cat(feats, -1)) * w
 
 
