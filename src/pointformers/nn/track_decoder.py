@@ -219,9 +219,10 @@ class TrackDecoder(nn.Module):
         """(S, 1, M, n) bool: which hits each slot may attend to. A row with nothing allowed (a sector with
         no real hit, or a slot that claims none) falls back to the real hits, then to every position, so
         softmax never sees an empty row. None (everything allowed) without an attention mask when every
-        position is a real hit (eager only: a traced graph keeps the general form)."""
+        position is a real hit (eager on the CPU only, where looking costs no device sync: a traced graph
+        keeps the general form)."""
         s, n = mask.shape
-        if prev is None and not is_tracing() and bool(mask.all()):
+        if prev is None and mask.device.type == "cpu" and not is_tracing() and bool(mask.all()):
             return None
         allowed = mask[:, None, :].expand(s, self.num_slots, n)
         if prev is not None:
