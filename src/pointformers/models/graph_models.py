@@ -227,7 +227,10 @@ class TokenGraphModel(_GraphInputs):
                 batch: torch.Tensor | None = None, *, ptr: torch.Tensor | None = None) -> torch.Tensor:
         layout = self._layout(x, edge_index, edge_attr, batch, ptr)
         B, N, n = layout.n_clouds, layout.n_max, x.shape[0]
-        check_edges(edge_index, layout.cloud)
+        # the Laplacian encoding's adjacency checks edge_index while it scatters; without it, check alone
+        adj = dense_adjacency(edge_index, layout.cloud, layout.slot, B, N) if self.pe is not None else None
+        if adj is None:
+            check_edges(edge_index, layout.cloud)
         cols = self._undirected(edge_index, n)
         u, v = edge_index.long()[:, cols]
         nodes = self.node_encoder(x) + self.token_type.weight[0]
@@ -235,7 +238,6 @@ class TokenGraphModel(_GraphInputs):
         if self.edge_encoder is not None:
             edges = edges + self.edge_encoder(edge_attr[cols])
         if self.pe is not None:
-            adj = dense_adjacency(edge_index, layout.cloud, layout.slot, B, N)
             p = layout.unpad(laplacian_pe(adj, layout.mask(), self.pe_dim)).to(nodes.dtype)
             if self.training:   # eigenvector signs are arbitrary: randomise them per graph and column
                 sign = torch.randint(0, 2, (B, self.pe_dim), device=p.device).to(p.dtype) * 2 - 1

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["check_edges", "dense_edges", "dense_adjacency", "random_walk_pe", "laplacian_pe", "one_hot_codes", "CategoricalEncoder"]
+__all__ = ["check_edges", "dense_edges", "dense_adjacency", "random_walk_pe", "laplacian_pe", "one_hot_codes",
+           "CategoricalEncoder"]
 
 
 def _check_edge_index(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
