@@ -4,13 +4,14 @@ loss, padding never assigned, sectors batched equal sectors run alone, the φ-se
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
 import torch
 
 from pointformers.nn.track_decoder import (DecoderOutput, TrackDecoder, assign_hits, gather_sectors, labels_to_hits,
-                                           Sectors, phi_sectors)
+                                           Sectors, phi_sectors, sector_frame)
 from pointformers.tasks.tracking.set_criterion import (SetCriterionWeights, dice_loss, match_slots, pair_costs,
                                                        sector_targets, set_loss, sigmoid_focal)
 
@@ -184,6 +185,44 @@ def test_every_real_hit_is_in_exactly_one_sector_without_overlap():
     xs = gather_sectors(x, sec)
     assert xs.shape == (12, 13, 5) and bool((xs[~sec.mask] == 0).all())
     torch.testing.assert_close(xs[4][sec.mask[4]], x[1, sec.index[4][sec.mask[4]]])
+
+
+def test_the_sector_frame_is_the_same_whatever_the_sectors_azimuth():
+    """Each sector's positions are (eta, cos, sin) of the azimuth from the sector's centre: a sector turned by any
+    angle gets the same positions; its real hits' sin(delta phi) sum to 0; padding is zero."""
+    g = torch.Generator().manual_seed(4)
+    eta = torch.randn(2, 40, generator=g, dtype=torch.float64)
+    phi = torch.rand(2, 40, generator=g, dtype=torch.float64) * 1.5 - 0.75      # one sector's worth of azimuth
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[1, 25:] = False
+    sec = phi_sectors(phi, mask, k=1)
+    ref = sector_frame(eta, phi, sec)
+    assert ref.shape == (2, 40, 3) and bool((ref[~sec.mask] == 0).all())
+    torch.testing.assert_close(ref[..., 2].sum(1), torch.zeros(2, dtype=torch.float64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(ref[..., 1] ** 2 + ref[..., 2] ** 2, sec.mask.double())
+    for turn in (2.0, -3.0, 3.1):               # across phi = +-pi too: the frame does not see the wrap
+        turned = torch.remainder(phi + turn + math.pi, 2 * math.pi) - math.pi
+        idx = phi_sectors(turned, mask, k=1)
+        got = sector_frame(eta, turned, idx)
+        # the same hits in the same frame (a sector's hit order may start elsewhere after the wrap: compare per hit)
+        for b in range(2):
+            a = torch.zeros(40, 3, dtype=torch.float64).index_copy(0, sec.index[b][sec.mask[b]], ref[b][sec.mask[b]])
+            c = torch.zeros(40, 3, dtype=torch.float64).index_copy(0, idx.index[b][idx.mask[b]], got[b][idx.mask[b]])
+            torch.testing.assert_close(a, c, rtol=0, atol=1e-12)
+
+
+def test_positional_keys_are_read_and_checked():
+    dec = _decoder(pos_dim=3)
+    g = torch.Generator().manual_seed(6)
+    hits = torch.randn(2, 9, 16, generator=g, dtype=torch.float64)
+    pos = torch.randn(2, 9, 3, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        a, b = dec(hits, None, pos)[-1], dec(hits, None, pos + 1)[-1]
+    assert not torch.allclose(a.object_logits, b.object_logits)        # the keys' positions steer the slots
+    with pytest.raises(ValueError, match=r"expected pos \(S, n, 3\)"):
+        dec(hits)
+    with pytest.raises(ValueError, match=r"expected no pos"):
+        _decoder()(hits, None, pos)
 
 
 def _decoder(**kw) -> TrackDecoder:

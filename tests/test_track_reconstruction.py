@@ -43,7 +43,7 @@ def _model(**kw) -> TrackReconstructor:
 V2_ENCODER = dict(attention="coord_lsh", encoder_options={"norm": "rms", "ffn": "swiglu", "pe": "learned-each-layer"})
 
 
-@pytest.mark.parametrize("overlap,encoder", [(0.0, {}), (0.2, {}), (0.2, V2_ENCODER)])
+@pytest.mark.parametrize("overlap,encoder", [(0.0, {}), (0.2, {}), (0.2, V2_ENCODER), (0.2, dict(sector_frame=True))])
 def test_batched_events_equal_events_run_alone(overlap, encoder):
     model = _model(overlap=overlap, threshold=0.0, **encoder)
     clouds = _clouds()
@@ -186,8 +186,9 @@ def test_task_losses_on_a_generated_cloud():
 
 
 @pytest.mark.parametrize("encoder", [dict(attention="full"), V2_ENCODER,
-                                     dict(attention="full", overlap=0.2, stitch_min_hits=1)],
-                         ids=["full", "v2", "stitched"])
+                                     dict(attention="full", overlap=0.2, stitch_min_hits=1),
+                                     dict(attention="full", sector_frame=True)],
+                         ids=["full", "v2", "stitched", "sector-frame"])
 def test_the_exported_model_equals_the_eager_one(tmp_path, encoder):
     """torch.export of the whole model, assignment step included: the file's track labels equal the eager
     model's at point counts other than the traced one (full attention, and the published encoder's design;

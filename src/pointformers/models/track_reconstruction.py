@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from ..data.batch import accepts_flat_inputs
-from ..nn.track_decoder import Sectors, TrackDecoder, assign_hits, gather_sectors, labels_to_hits, phi_sectors
+from ..nn.track_decoder import (Sectors, TrackDecoder, assign_hits, gather_sectors, labels_to_hits, phi_sectors,
+                                sector_frame)
 from .point_encoder import PointTransformerJK
 from .registry import register_model
 
@@ -70,11 +71,15 @@ class TrackReconstructor(nn.Module):
         stitch_min_hits: with overlapping sectors, two tracks of neighbouring sectors that share at least
             this many overlap hits become one (:func:`~pointformers.nn.track_decoder.stitch_tracks`); 0: off.
         decoder_heads, decoder_layers, attention_mask: the decoder's options (see :class:`TrackDecoder`).
+        sector_frame: the decoder's cross-attention keys carry each hit's position in its sector's frame
+            (η and the azimuth from the sector's centre, :func:`~pointformers.nn.track_decoder.sector_frame`),
+            so that the slot bank, shared by all sectors, can learn where to look whatever the sector's azimuth
+            (beyond the published design; DETR's positional keys). η is ``coords[..., eta_column]``.
         threshold: the score below which a hit is left without a track at inference.
         encoder_options: further options of the encoder (:data:`ENCODER_OPTIONS`): the published
             encoder's pre-RMSNorm SwiGLU blocks with a coordinate encoding at every layer are
             ``{"norm": "rms", "ffn": "swiglu", "pe": "learned-each-layer"}`` with ``attention="coord_lsh"``.
-        phi_column: the column of ``coords`` holding φ (1 in the tracking inputs).
+        phi_column, eta_column: the columns of ``coords`` holding φ and η (1 and 0 in the tracking inputs).
 
     Shapes: ``forward(x (B, N, in_dim), coords (B, N, coord_dim), mask (B, N) | None)`` -> :class:`TrackOutput`;
     ``track_labels(...)`` -> ``(B, N)`` int64.
@@ -88,10 +93,13 @@ class TrackReconstructor(nn.Module):
                  embed_dim: int = 12, num_slots: int = 64, sectors: int = 3, overlap: float = 0.0,
                  decoder_heads: int = 4, decoder_layers: int = 2, attention_mask: bool = False,
                  threshold: float = 0.5, phi_column: int = 1, encoder_options: Optional[dict] = None,
-                 stitch_min_hits: int = 0):
+                 stitch_min_hits: int = 0, sector_frame: bool = False, eta_column: int = 0):
         super().__init__()
-        if not isinstance(phi_column, int) or not (0 <= phi_column < coord_dim):
-            raise ValueError(f"phi_column: expected a column of coords in [0, {coord_dim}), got {phi_column!r}")
+        for name, col in (("phi_column", phi_column), ("eta_column", eta_column)):
+            if not isinstance(col, int) or isinstance(col, bool) or not (0 <= col < coord_dim):
+                raise ValueError(f"{name}: expected a column of coords in [0, {coord_dim}), got {col!r}")
+        if not isinstance(sector_frame, bool):
+            raise ValueError(f"sector_frame: expected true or false, got {sector_frame!r}")
         if not (0.0 <= threshold < 1.0):
             raise ValueError(f"threshold: expected a score in [0, 1), got {threshold!r}")
         phi_sectors(torch.zeros(1, 1), None, sectors, overlap)   # checks sectors and overlap by name
@@ -107,7 +115,8 @@ class TrackReconstructor(nn.Module):
                              f"expected some of {sorted(ENCODER_OPTIONS)} (the other encoder options are the model's own)")
         self.in_dim, self.coord_dim, self.dim = in_dim, coord_dim, dim
         self.num_slots, self.num_sectors, self.overlap = num_slots, sectors, float(overlap)
-        self.threshold, self.phi_column = float(threshold), phi_column
+        self.threshold, self.phi_column, self.eta_column = float(threshold), phi_column, eta_column
+        self.sector_frame = sector_frame
         self.encoder = PointTransformerJK(in_dim, coord_dim, dim=dim, heads=heads, head_dim=head_dim, n_layers=n_layers,
                                           out_dim=dim, mlp_hidden=2 * dim, mlp_layers=2, dropout=dropout,
                                           attention=attention, attention_options=attention_options,
@@ -116,7 +125,7 @@ class TrackReconstructor(nn.Module):
         self.embed_head = nn.Linear(dim, embed_dim)
         self.hit_head = nn.Linear(dim, 1)
         self.decoder = TrackDecoder(dim, num_slots, heads=decoder_heads, n_layers=decoder_layers, dropout=dropout,
-                                    attention_mask=attention_mask)
+                                    attention_mask=attention_mask, pos_dim=3 if sector_frame else 0)
         self.param_head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, len(TRACK_PARAMS)))
 
     def forward(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor] = None, *,
@@ -146,7 +155,9 @@ class TrackReconstructor(nn.Module):
             mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         h = self.encoder(x, coords, mask)                                    # (B, N, dim), checked inputs
         sectors = phi_sectors(coords[..., self.phi_column], mask, self.num_sectors, self.overlap)
-        stages = self.decoder(gather_sectors(h, sectors), sectors.mask, last_only=last_only)
+        pos = (sector_frame(coords[..., self.eta_column], coords[..., self.phi_column], sectors)
+               if self.sector_frame else None)
+        stages = self.decoder(gather_sectors(h, sectors), sectors.mask, pos, last_only=last_only)
         return TrackOutput(self.embed_head(h), self.hit_head(h).squeeze(-1), sectors, stages,
                            self.param_head(stages[-1].slots))
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from .model_inputs import is_tracing
 
-__all__ = ["TrackDecoder", "DecoderOutput", "Sectors", "phi_sectors", "gather_sectors", "assign_hits",
+__all__ = ["TrackDecoder", "DecoderOutput", "Sectors", "phi_sectors", "gather_sectors", "sector_frame", "assign_hits",
            "labels_to_hits", "stitch_tracks"]
 
 
@@ -107,6 +107,22 @@ def gather_sectors(x: torch.Tensor, sectors: Sectors) -> torch.Tensor:
     return torch.where(m, out, torch.zeros_like(out))
 
 
+def sector_frame(eta: torch.Tensor, phi: torch.Tensor, sectors: Sectors) -> torch.Tensor:
+    """Each sector's hits in the sector's own frame: ``(B·k, L, 3)`` = (η, cos Δφ, sin Δφ), Δφ the azimuth from
+    the sector's centre (the direction of the mean of its real hits' unit vectors (cos φ, sin φ)); zeros at
+    padding. The same hit pattern gives the same positions in every sector, whatever its azimuth.
+
+    Args:
+        eta, phi: ``(B, N)`` of every hit; sectors: from :func:`phi_sectors`.
+    """
+    cos, sin = gather_sectors(torch.cos(phi), sectors), gather_sectors(torch.sin(phi), sectors)   # 0 at padding
+    cc, cs = cos.sum(1, keepdim=True), sin.sum(1, keepdim=True)
+    norm = torch.sqrt(cc * cc + cs * cs).clamp_min(1e-12)
+    cc, cs = cc / norm, cs / norm
+    m = sectors.mask.to(cos.dtype)
+    return torch.stack([gather_sectors(eta, sectors), (cos * cc + sin * cs) * m, (sin * cc - cos * cs) * m], -1)
+
+
 class DecoderOutput(NamedTuple):
     """One stage of predictions: ``object_logits`` ``(S, M)``, ``assign_logits`` ``(S, M, n)`` (values at
     padding hits are meaningless: mask them) and the normed slot states ``slots`` ``(S, M, dim)`` the heads
@@ -127,9 +143,12 @@ class _Attention(nn.Module):
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, q: torch.Tensor, kv: torch.Tensor, allowed: Optional[torch.Tensor]) -> torch.Tensor:
-        """q ``(S, M, dim)``, kv ``(S, n, dim)``, allowed ``(S, 1, M, n)`` bool or None -> ``(S, M, dim)``."""
+    def forward(self, q: torch.Tensor, kv: torch.Tensor, allowed: Optional[torch.Tensor],
+                key_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """q ``(S, M, dim)``, kv ``(S, n, dim)``, allowed ``(S, 1, M, n)`` bool or None, key_pos ``(S, n, dim)``
+        or None (added to the keys only, as DETR adds its positional encoding) -> ``(S, M, dim)``."""
         s, m, d = q.shape
+        k_in = kv if key_pos is None else kv + key_pos
         h = self.heads
 
         def split(proj: nn.Linear, t: torch.Tensor) -> torch.Tensor:   # (S, ·, d) -> (S, h, ·, d/h)
@@ -141,10 +160,10 @@ class _Attention(nn.Module):
         if not torch.is_grad_enabled() and not is_tracing():
             # inference: PyTorch's fused attention (no (S, h, M, n) score tensor written out); every
             # row of ``allowed`` has a True entry (_allowed's fallbacks), so no row is empty
-            y = F.scaled_dot_product_attention(split(self.q, q), split(self.k, kv), split(self.v, kv),
+            y = F.scaled_dot_product_attention(split(self.q, q), split(self.k, k_in), split(self.v, kv),
                                                attn_mask=allowed, scale=scale)
             return self.o(y.transpose(1, 2).reshape(s, m, d))
-        scores = split(self.q, q) @ split(self.k, kv).transpose(-1, -2) * scale     # (S, h, M, n)
+        scores = split(self.q, q) @ split(self.k, k_in).transpose(-1, -2) * scale   # (S, h, M, n)
         if allowed is not None:
             scores = scores.masked_fill(~allowed, float("-inf"))
         y = self.dropout(torch.softmax(scores, -1)) @ split(self.v, kv)
@@ -159,8 +178,9 @@ class _DecoderLayer(nn.Module):
         self.self_attn = _Attention(dim, heads, dropout)
         self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
 
-    def forward(self, slots: torch.Tensor, hits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        slots = slots + self.cross(self.norm_cross(slots), hits, allowed)
+    def forward(self, slots: torch.Tensor, hits: torch.Tensor, allowed: torch.Tensor,
+                hit_pos: Optional[torch.Tensor]) -> torch.Tensor:
+        slots = slots + self.cross(self.norm_cross(slots), hits, allowed, hit_pos)
         z = self.norm_self(slots)
         slots = slots + self.self_attn(z, z, None)
         return slots + self.ffn(self.norm_ffn(slots))
@@ -181,17 +201,22 @@ class TrackDecoder(nn.Module):
             hits whose assignment probability at the previous stage is at least ``mask_threshold``
             (a slot that claims no hit sees all of them).
         mask_threshold: see ``attention_mask``.
+        pos_dim: ``> 0``: ``forward`` takes each hit's position ``pos`` ``(S, n, pos_dim)`` (e.g. in its
+            sector's frame, :func:`sector_frame`), embedded by a small MLP and added to the keys of every
+            cross-attention (DETR's positional encoding of the keys; the values and the assignment heads read
+            the hit features alone), so that slots shared by all sectors can learn where to look. 0: none.
 
-    Shapes: ``forward(hits (S, n, dim), mask (S, n) bool)`` returns a list of ``n_layers``
+    Shapes: ``forward(hits (S, n, dim), mask (S, n) bool, pos (S, n, pos_dim) | None)`` returns a list of ``n_layers``
     :class:`DecoderOutput` (one per layer, the last is the prediction); ``last_only=True`` returns the
     last one alone (a list of one), skipping the intermediate heads inference does not read (unless the
     attention mask needs them).
     """
 
     def __init__(self, dim: int, num_slots: int, heads: int = 8, n_layers: int = 2, hidden: Optional[int] = None,
-                 dropout: float = 0.0, attention_mask: bool = False, mask_threshold: float = 0.5):
+                 dropout: float = 0.0, attention_mask: bool = False, mask_threshold: float = 0.5, pos_dim: int = 0):
         super().__init__()
-        for name, v, lo in (("dim", dim, 1), ("num_slots", num_slots, 1), ("heads", heads, 1), ("n_layers", n_layers, 1)):
+        for name, v, lo in (("dim", dim, 1), ("num_slots", num_slots, 1), ("heads", heads, 1), ("n_layers", n_layers, 1),
+                            ("pos_dim", pos_dim, 0)):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"TrackDecoder: {name} must be an integer >= {lo}, got {v!r}")
         if dim % heads:
@@ -209,6 +234,9 @@ class TrackDecoder(nn.Module):
         self.out_norm = nn.LayerNorm(dim)
         self.class_head = nn.Linear(dim, 1)
         self.mask_embed = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim))
+        self.pos_dim = pos_dim
+        self.pos_embed = (nn.Sequential(nn.Linear(pos_dim, dim), nn.GELU(), nn.Linear(dim, dim)) if pos_dim
+                          else None)
 
     def predict(self, slots: torch.Tensor, hits: torch.Tensor) -> DecoderOutput:
         """The heads on slots ``(S, M, dim)`` and normed hit features ``(S, n, dim)``."""
@@ -232,10 +260,14 @@ class TrackDecoder(nn.Module):
         allowed = allowed | ~allowed.any(-1, keepdim=True)
         return allowed[:, None]
 
-    def forward(self, hits: torch.Tensor, mask: Optional[torch.Tensor] = None,
+    def forward(self, hits: torch.Tensor, mask: Optional[torch.Tensor] = None, pos: Optional[torch.Tensor] = None,
                 last_only: bool = False) -> list[DecoderOutput]:
         if hits.dim() != 3 or hits.shape[-1] != self.dim:
             raise ValueError(f"TrackDecoder: hits must be (S, n, {self.dim}), got {tuple(hits.shape)}")
+        if (pos is None) != (self.pos_embed is None) or (pos is not None and pos.shape != hits.shape[:2] + (self.pos_dim,)):
+            want = f"pos (S, n, {self.pos_dim}) = {tuple(hits.shape[:2]) + (self.pos_dim,)}" if self.pos_dim else "no pos (pos_dim=0)"
+            raise ValueError(f"TrackDecoder: expected {want}, got "
+                             f"{None if pos is None else tuple(pos.shape)}")
         if mask is None:
             mask = torch.ones(hits.shape[:2], dtype=torch.bool, device=hits.device)
         elif mask.shape != hits.shape[:2] or mask.dtype != torch.bool:
@@ -243,10 +275,11 @@ class TrackDecoder(nn.Module):
                              f"got {mask.dtype} {tuple(mask.shape)}")
         hits = self.hit_norm(hits) * mask[..., None].to(hits.dtype)   # padding rows are zeros
         slots = self.slots[None].expand(hits.shape[0], -1, -1)
+        hit_pos = None if self.pos_embed is None else self.pos_embed(pos.to(hits.dtype))
         prev = self.predict(slots, hits) if self.attention_mask else None
         outs = []
         for i, layer in enumerate(self.layers):
-            slots = layer(slots, hits, self._allowed(mask, prev if self.attention_mask else None))
+            slots = layer(slots, hits, self._allowed(mask, prev if self.attention_mask else None), hit_pos)
             if last_only and not self.attention_mask and i + 1 < len(self.layers):
                 continue
             prev = self.predict(slots, hits)
