@@ -38,20 +38,22 @@ def test_matcher_equals_brute_force(m, t):
         assert got == pytest.approx(_brute_force(cost.numpy()), abs=1e-9)
 
 
-def test_pair_costs_equal_the_losses_of_each_pair():
-    """The matrix-product cost of a pair is the loss of that pair computed elementwise."""
+@pytest.mark.parametrize("alpha,gamma,scale", [(0.3, 1.5, 1.0), (0.25, 2.0, 8.0)])
+def test_pair_costs_equal_the_losses_of_each_pair(alpha, gamma, scale):
+    """The matrix-product cost of a pair is the loss of that pair computed elementwise (γ = 2 takes a path of
+    its own; large logits reach the saturated ends of the sigmoid)."""
     g = torch.Generator().manual_seed(0)
     m, t, n = 4, 3, 20
-    obj, assign = torch.randn(m, generator=g, dtype=torch.float64), torch.randn(m, n, generator=g, dtype=torch.float64)
+    obj, assign = torch.randn(m, generator=g, dtype=torch.float64), torch.randn(m, n, generator=g, dtype=torch.float64) * scale
     mask = torch.rand(n, generator=g) > 0.3
     targets = (torch.rand(t, n, generator=g) > 0.5) & mask
-    w = SetCriterionWeights(cls=0.7, focal=3.0, dice=2.0, alpha=0.3, gamma=1.5)
+    w = SetCriterionWeights(cls=0.7, focal=3.0, dice=2.0, alpha=alpha, gamma=gamma)
     cost = pair_costs(obj, assign, mask, targets, w)
     wm = mask.double()
     for i in range(m):
         for j in range(t):
             tj = targets[j].double()
-            focal = float((sigmoid_focal(assign[i], tj, 0.3, 1.5) * wm).sum() / wm.sum())
+            focal = float((sigmoid_focal(assign[i], tj, alpha, gamma) * wm).sum() / wm.sum())
             dice = float(dice_loss(torch.sigmoid(assign[i])[None], tj[None], wm)[0])
             want = -0.7 * float(torch.sigmoid(obj[i])) + 3.0 * focal + 2.0 * dice
             assert float(cost[i, j]) == pytest.approx(want, rel=1e-10)

@@ -127,6 +127,15 @@ def sigmoid_focal(logits: torch.Tensor, targets: torch.Tensor, alpha: float = 0.
     return a_t * ce * (1 - p_t) ** gamma
 
 
+def _focal_both(logits: torch.Tensor, p: torch.Tensor, alpha: float, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sigmoid_focal` of every logit against target 1 and against target 0, ``p = σ(logits)`` given:
+    ``−α (1−p)^γ log p`` and ``−(1−α) p^γ log(1−p)``, with two log-sigmoids (a pair of costs per slot and hit
+    is the matcher's largest elementwise work; γ = 2 squares instead of a power)."""
+    q = 1 - p
+    qg, pg = (q * q, p * p) if gamma == 2.0 else (q ** gamma, p ** gamma)
+    return -alpha * qg * F.logsigmoid(logits), -(1 - alpha) * pg * F.logsigmoid(-logits)
+
+
 def _dice(overlap: torch.Tensor, p_sum: torch.Tensor, t_sum: torch.Tensor) -> torch.Tensor:
     """``1 − (2·overlap + 1) / (p_sum + t_sum + 1)``: the smoothed dice loss from its three sums."""
     return 1 - (2 * overlap + 1) / (p_sum + t_sum + 1)
@@ -153,10 +162,10 @@ def pair_costs(object_logits: torch.Tensor, assign_logits: torch.Tensor, hit_mas
         t = target_masks.double()
         n_real = w.sum().clamp_min(1.0)
         # focal(i, j) = Σ_h w_h [pos_ih t_jh + neg_ih (1 − t_jh)] / n_real: two matrix products, no (M, T, n) tensor
-        pos = sigmoid_focal(x, torch.ones_like(x), weights.alpha, weights.gamma) * w
-        neg = sigmoid_focal(x, torch.zeros_like(x), weights.alpha, weights.gamma) * w
+        p = torch.sigmoid(x)
+        pos, neg = _focal_both(x, p, weights.alpha, weights.gamma)
+        pos, neg, p = pos * w, neg * w, p * w
         focal = (pos @ t.T + neg @ (1 - t).T) / n_real
-        p = torch.sigmoid(x) * w
         dice = _dice(p @ t.T, p.sum(-1)[:, None], (t * w).sum(-1)[None, :])
         cls = -torch.sigmoid(object_logits.double())[:, None]
         return weights.cls * cls + weights.focal * focal + weights.dice * dice
