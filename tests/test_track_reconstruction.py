@@ -125,7 +125,8 @@ def test_merge_fragments_joins_the_nearest_track_per_event():
 
 # ---------------------------------------------------------------------------- the engine's task, export
 TRACK_SETS = ["--set", "data.preset=tiny", "--set", "train.epochs=1", "--set", "train.warmup_steps=2",
-              "--set", "model.options.dim=16", "--set", "model.options.heads=2", "--set", "model.options.n_layers=1",
+              "--set", "model.options.dim=16", "--set", "model.options.heads=2", "--set", "model.options.head_dim=8",
+              "--set", "model.options.n_layers=1",
               "--set", "model.options.num_slots=24", "--set", "model.options.block_size=32",
               "--set", "model.options.num_regions=4", "--set", "model.options.decoder_heads=2"]
 
