@@ -96,7 +96,41 @@ def test_inference_block_softmax_equals_the_autograd_one(monkeypatch, fused, dty
     assert bool((oi[2] == 0).all()) and bool((lsei[2] < -1e30).all())
 
 
+def _grads(attn, x, pos, mask, fused: bool):
+    """Output and gradients (x, then every parameter) of a weighted sum of the output; ``fused``: the fused
+    CPU kernel's training path, else the score-tensor path (the math backend)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    attn.zero_grad()
+    xg = x.clone().requires_grad_()
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION if fused else SDPBackend.MATH):
+        y = attn(xg, pos, mask)
+    (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)).sum().backward()
+    return [y.detach(), xg.grad] + [p.grad.clone() for p in attn.parameters()]
+
+
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_the_fused_training_path_has_the_exact_gradients(qk_norm):
+    """Training on the CPU runs every round through the fused kernel and its backward, given the merged output and
+    log-sum-exp: the same outputs and gradients (input and every parameter) as autograd through the score tensors
+    and as the dense reference, with padding and a block without keys (the padded cloud's last block)."""
+    assert coord_lsh._FLASH_CPU_BACKWARD is not None   # torch 2.13 has the kernel: the fast path is tested
+    attn = _attn(qk_norm=qk_norm)
+    x, pos, mask = _inputs()
+    fused, scores = _grads(attn, x, pos, mask, True), _grads(attn, x, pos, mask, False)
+    for a, b in zip(fused, scores):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    attn.zero_grad()
+    xr = x.clone().requires_grad_()
+    y = attn.reference(xr, pos, mask)
+    (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)).sum().backward()
+    torch.testing.assert_close(fused[1], xr.grad)
+    assert float(fused[1][0].abs().sum()) > 0 and bool((fused[1][1, 25:] == 0).all())
+
+
 def test_export_mode_chunks_and_recomputation_give_the_same_function(monkeypatch):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     attn = _attn()
     x, pos, mask = _inputs()
     y = attn(x, pos, mask)
@@ -105,11 +139,12 @@ def test_export_mode_chunks_and_recomputation_give_the_same_function(monkeypatch
     set_exportable(attn, False)
     attn.chunk_elems = 64  # one block per chunk
     torch.testing.assert_close(attn(x, pos, mask), y)
-    xg = x.clone().requires_grad_()
-    attn(xg, pos, mask).pow(2).sum().backward()
-    monkeypatch.setattr(coord_lsh, "STORE_SCORES_MAX", 0)  # every chunk recomputed in the backward pass
-    xr = x.clone().requires_grad_()
-    attn(xr, pos, mask).pow(2).sum().backward()
+    with sdpa_kernel(SDPBackend.MATH):   # the score-tensor path, where chunks are stored or recomputed
+        xg = x.clone().requires_grad_()
+        attn(xg, pos, mask).pow(2).sum().backward()
+        monkeypatch.setattr(coord_lsh, "STORE_SCORES_MAX", 0)  # every chunk recomputed in the backward pass
+        xr = x.clone().requires_grad_()
+        attn(xr, pos, mask).pow(2).sum().backward()
     torch.testing.assert_close(xr.grad, xg.grad)
     assert float(xg.grad.abs().sum()) > 0
 

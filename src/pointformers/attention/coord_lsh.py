@@ -78,15 +78,76 @@ def _flash_cpu_block_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """:func:`block_softmax` by the fused CPU kernel (blocked, online softmax: the (c, b, b) scores are
     never written out), each block one batch entry. Its log-sum-exp output carries no gradient, so
     inference only."""
-    mask = None
-    if not bool(key_ok.all()):  # additive -inf on the empty slots (a keyless block: o = 0 from the kernel)
-        mask = torch.zeros(key_ok.shape, dtype=q.dtype, device=q.device).masked_fill_(~key_ok, float("-inf"))
-        mask = mask[:, None, None, :]
+    mask = _key_mask(key_ok, q.dtype)   # a keyless block: o = 0 from the kernel
     o, lse = _FLASH_CPU(q[:, None], k[:, None], v[:, None], 0.0, False, attn_mask=mask, scale=scale)
     o, lse = o[:, 0], lse[:, 0]
     if mask is not None:
         lse = lse.masked_fill(~key_ok.any(-1)[:, None], torch.finfo(lse.dtype).min)
     return o, lse
+
+
+_FLASH_CPU_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+
+
+def _flash_cpu_ok(t: torch.Tensor) -> bool:
+    """Whether the fused CPU kernel takes ``t``: on the CPU, float32/64 or bfloat16, where
+    F.scaled_dot_product_attention would take it (the flash backend on: a ``sdpa_kernel(SDPBackend.MATH)``
+    context turns it off, here too)."""
+    return (_FLASH_CPU is not None and t.device.type == "cpu" and torch.backends.cuda.flash_sdp_enabled()
+            and t.dtype in (torch.float32, torch.float64, torch.bfloat16))
+
+
+def _key_mask(key_ok: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """(c, b) bool -> the kernel's additive mask (c, 1, 1, b) (−inf on empty slots), None when all are keys."""
+    if bool(key_ok.all()):
+        return None
+    return torch.zeros(key_ok.shape, dtype=dtype, device=key_ok.device).masked_fill_(~key_ok, float("-inf"))[:, None, None]
+
+
+class _FusedRounds(torch.autograd.Function):
+    """Every round's block softmax by the fused CPU kernel, merged through the rounds' log-sum-exp, with
+    exact gradients.
+
+    The merged output is softmax attention over the union of a query's key sets (one per round), so its
+    gradient is what the kernel's own backward computes for each block when it is given, for every query
+    row, the *merged* output and the *merged* log-sum-exp (its P = exp(s − LSE) is then the query's
+    weight in the union, and its D = rowsum(dO ⊙ O) the union's): no (c, b, b) score tensor is kept or
+    recomputed by autograd.
+
+    qb, kb, vb (c, b, d) the blocks' rows, key_ok (c, b), point_slot (B, T, H, N) -> (B, H, N, d).
+    """
+
+    @staticmethod
+    def forward(ctx, qb, kb, vb, key_ok, point_slot, scale):
+        mask = _key_mask(key_ok, qb.dtype)
+        o, lse = _FLASH_CPU(qb[:, None], kb[:, None], vb[:, None], 0.0, False, attn_mask=mask, scale=scale)
+        o, lse = o[:, 0], lse[:, 0]
+        if mask is not None:   # a block without keys: its rounds weigh nothing
+            lse = lse.masked_fill(~key_ok.any(-1)[:, None], torch.finfo(lse.dtype).min)
+        lg = lse.flatten()[point_slot]                               # (B, T, H, N)
+        top = torch.logsumexp(lg, dim=1)                             # (B, H, N): the union's log-normaliser
+        out = (torch.exp(lg - top[:, None])[..., None] * o.flatten(0, 1)[point_slot]).sum(1)
+        ctx.save_for_backward(qb, kb, vb, mask if mask is not None else qb.new_zeros(0), out, top, point_slot)
+        ctx.scale, ctx.has_mask = scale, mask is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        qb, kb, vb, mask, out, top, point_slot = ctx.saved_tensors
+        c, b, d = qb.shape
+        slot = point_slot.flatten()
+
+        def rows(x: torch.Tensor, width: int) -> torch.Tensor:   # (B, H, N[, d]) -> every slot's point's value
+            x = x.unsqueeze(1).expand(point_slot.shape + ((width,) if width else ()))
+            flat = x.new_zeros((c * b, width) if width else (c * b,))
+            return flat.index_put_((slot,), x.reshape((-1, width) if width else (-1,)))
+
+        dq, dk, dv = _FLASH_CPU_BACKWARD(rows(dout.to(qb.dtype), d).view(c, 1, b, d), qb[:, None], kb[:, None],
+                                         vb[:, None], rows(out, d).view(c, 1, b, d),
+                                         rows(top.to(torch.float32 if qb.dtype == torch.bfloat16 else qb.dtype), 0)
+                                         .view(c, 1, b), 0.0, False,
+                                         attn_mask=mask if ctx.has_mask else None, scale=ctx.scale)
+        return dq[:, 0], dk[:, 0], dv[:, 0], None, None, None
 
 
 def block_softmax_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_ok: torch.Tensor,
@@ -96,10 +157,7 @@ def block_softmax_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k
     elsewhere the (c, b, b) scores live in one buffer, masked, shifted by their row maximum and
     exponentiated in place, and the outputs are normalised after the product with v (c·b·d
     divisions instead of c·b·b). Same results up to float rounding."""
-    # the fused kernel where F.scaled_dot_product_attention would take it: the flash backend on (a
-    # ``sdpa_kernel(SDPBackend.MATH)`` context turns it off, here too)
-    if (_FLASH_CPU is not None and q.device.type == "cpu" and torch.backends.cuda.flash_sdp_enabled()
-            and q.dtype in (torch.float32, torch.float64, torch.bfloat16)):
+    if _flash_cpu_ok(q):
         return _flash_cpu_block_softmax(q, k, v, key_ok, scale)
     s = torch.matmul(q * scale, k.transpose(-1, -2))
     # most chunks have no empty slot; on the CPU, where looking costs no device sync, skip their mask pass
@@ -240,6 +298,13 @@ class CoordLSHAttention(TokenMixer):
             return torch.cat([t.reshape(B * N * H, d), t.new_zeros(1, d)])
 
         qt, kt, vt = table(q), table(k), table(v)
+        if (not static and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+                and _FLASH_CPU_BACKWARD is not None
+                and _flash_cpu_ok(q)):
+            # training on the CPU: the fused kernel forward and backward, no score tensor stored or recomputed
+            idx = src.reshape(-1)
+            blocks = [t.index_select(0, idx).view(*src.shape, d) for t in (qt, kt, vt)]
+            return _FusedRounds.apply(*blocks, src != dummy, point_slot, self.scale).permute(0, 2, 1, 3)
         if static:
             o, lse = block_softmax(qt[src], kt[src], vt[src], src != dummy, self.scale)
         else:
