@@ -270,6 +270,29 @@ def test_inference_path_equals_the_training_path(attention_mask):
         torch.testing.assert_close(last[0].assign_logits, ref[-1].assign_logits.detach(), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("attention_mask", [False, True])
+def test_the_fused_attention_equals_the_written_out_one_with_gradients(monkeypatch, attention_mask):
+    """Eager, the decoder's attentions run PyTorch's fused kernel (forward and backward); traced, the written-out
+    scores: the same predictions and gradients (hits, positions and every parameter), with padding."""
+    import pointformers.nn.track_decoder as td
+
+    g = torch.Generator().manual_seed(8)
+    hits = torch.randn(3, 12, 16, generator=g, dtype=torch.float64)
+    pos = torch.randn(3, 12, 3, generator=g, dtype=torch.float64)
+    mask = torch.arange(12)[None].expand(3, 12) < torch.tensor([[12], [7], [3]])
+    runs = []
+    for traced in (False, True):
+        monkeypatch.setattr(td, "is_tracing", lambda: traced)
+        dec = _decoder(attention_mask=attention_mask, pos_dim=3).train()
+        h, p = hits.clone().requires_grad_(), pos.clone().requires_grad_()
+        outs = dec(h, mask, p)
+        loss = sum((o.assign_logits * mask[:, None]).square().sum() + o.object_logits.sum() for o in outs)
+        loss.backward()
+        runs.append([outs[-1].assign_logits.detach(), h.grad, p.grad] + [q.grad for q in dec.parameters()])
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 def test_the_attention_mask_acts_only_when_asked_for():
     """The mask threshold changes nothing without the Mask2Former mask (every slot sees every real hit at every
     layer), and changes the later layers with it."""

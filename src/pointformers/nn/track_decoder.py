@@ -134,8 +134,9 @@ class DecoderOutput(NamedTuple):
 
 
 class _Attention(nn.Module):
-    """Multi-head attention with its own projections and a boolean mask, written out (scores, masked
-    softmax, weighted sum), so that torch.export traces it for any hit count."""
+    """Multi-head attention with its own projections and a boolean mask: PyTorch's fused attention when eager,
+    written out (scores, masked softmax, weighted sum) when traced, so that torch.export traces it for any hit
+    count."""
 
     def __init__(self, dim: int, heads: int, dropout: float):
         super().__init__()
@@ -157,11 +158,13 @@ class _Attention(nn.Module):
             return proj(t.flatten(0, 1)).unflatten(0, t.shape[:2]).unflatten(-1, (h, d // h)).transpose(1, 2)
 
         scale = (d // h) ** -0.5
-        if not torch.is_grad_enabled() and not is_tracing():
-            # inference: PyTorch's fused attention (no (S, h, M, n) score tensor written out); every
-            # row of ``allowed`` has a True entry (_allowed's fallbacks), so no row is empty
+        if not is_tracing():
+            # eager (training and inference): PyTorch's fused attention, forward and backward (no (S, h, M, n)
+            # score tensor kept); every row of ``allowed`` has a True entry (_allowed's fallbacks), so no row
+            # is empty. A traced graph takes the written-out form below, which exports for any hit count.
             y = F.scaled_dot_product_attention(split(self.q, q), split(self.k, k_in), split(self.v, kv),
-                                               attn_mask=allowed, scale=scale)
+                                               attn_mask=allowed, scale=scale,
+                                               dropout_p=self.dropout.p if self.training else 0.0)
             return self.o(y.transpose(1, 2).reshape(s, m, d))
         scores = split(self.q, q) @ split(self.k, k_in).transpose(-1, -2) * scale   # (S, h, M, n)
         if allowed is not None:
