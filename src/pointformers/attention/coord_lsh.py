@@ -21,7 +21,9 @@ design; this is our own code). Against HEPT (:mod:`.hept`) three things change:
 Batching: each cloud's tiles are sized by its own point count and its hash range is its own;
 padded rows sort last and are never a key, so a cloud's output does not depend on its batch.
 Export mode: the same blocks by index arithmetic (N // b + 2 blocks per round and head, the
-last all empty, all at once: no Python loop over N).
+last all empty, all at once: no Python loop over N). On the CPU, training and inference run the
+blocks through PyTorch's fused attention kernel (:class:`_FusedRounds`, :func:`block_softmax_inference`);
+elsewhere, and under ``sdpa_kernel(SDPBackend.MATH)``, the scores are written out.
 
 Shapes: x (B, N, D), pos (B, N, c) with η, φ in columns 0, 1, mask (B, N) -> (B, N, D).
 """
