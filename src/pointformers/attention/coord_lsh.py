@@ -76,11 +76,11 @@ _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 
 
 def _flash_cpu_block_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_ok: torch.Tensor,
-                             scale: float):
+                             scale: float, mask: torch.Tensor | None):
     """:func:`block_softmax` by the fused CPU kernel (blocked, online softmax: the (c, b, b) scores are
-    never written out), each block one batch entry. Its log-sum-exp output carries no gradient, so
-    inference only."""
-    mask = _key_mask(key_ok, q.dtype)   # a keyless block: o = 0 from the kernel
+    never written out), each block one batch entry; ``mask`` = :func:`_key_mask` of ``key_ok`` (a keyless
+    block: o = 0 from the kernel). Its log-sum-exp output carries no gradient (:class:`_FusedRounds` supplies
+    the backward)."""
     o, lse = _FLASH_CPU(q[:, None], k[:, None], v[:, None], 0.0, False, attn_mask=mask, scale=scale)
     o, lse = o[:, 0], lse[:, 0]
     if mask is not None:
@@ -122,10 +122,7 @@ class _FusedRounds(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qb, kb, vb, key_ok, point_slot, scale):
         mask = _key_mask(key_ok, qb.dtype)
-        o, lse = _FLASH_CPU(qb[:, None], kb[:, None], vb[:, None], 0.0, False, attn_mask=mask, scale=scale)
-        o, lse = o[:, 0], lse[:, 0]
-        if mask is not None:   # a block without keys: its rounds weigh nothing
-            lse = lse.masked_fill(~key_ok.any(-1)[:, None], torch.finfo(lse.dtype).min)
+        o, lse = _flash_cpu_block_softmax(qb, kb, vb, key_ok, scale, mask)   # a keyless block's rounds weigh 0
         lg = lse.flatten()[point_slot]                               # (B, T, H, N)
         top = torch.logsumexp(lg, dim=1)                             # (B, H, N): the union's log-normaliser
         out = (torch.exp(lg - top[:, None])[..., None] * o.flatten(0, 1)[point_slot]).sum(1)
@@ -160,7 +157,7 @@ def block_softmax_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k
     exponentiated in place, and the outputs are normalised after the product with v (c·b·d
     divisions instead of c·b·b). Same results up to float rounding."""
     if _flash_cpu_ok(q):
-        return _flash_cpu_block_softmax(q, k, v, key_ok, scale)
+        return _flash_cpu_block_softmax(q, k, v, key_ok, scale, _key_mask(key_ok, q.dtype))
     s = torch.matmul(q * scale, k.transpose(-1, -2))
     # most chunks have no empty slot; on the CPU, where looking costs no device sync, skip their mask pass
     if s.device.type != "cpu" or not bool(key_ok.all()):
