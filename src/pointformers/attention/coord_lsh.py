@@ -143,8 +143,7 @@ class _FusedRounds(torch.autograd.Function):
 
         dq, dk, dv = _FLASH_CPU_BACKWARD(rows(dout.to(qb.dtype), d).view(c, 1, b, d), qb[:, None], kb[:, None],
                                          vb[:, None], rows(out, d).view(c, 1, b, d),
-                                         rows(top.to(torch.float32 if qb.dtype == torch.bfloat16 else qb.dtype), 0)
-                                         .view(c, 1, b), 0.0, False,
+                                         rows(top, 0).view(c, 1, b), 0.0, False,
                                          attn_mask=mask if ctx.has_mask else None, scale=ctx.scale)
         return dq[:, 0], dk[:, 0], dv[:, 0], None, None, None
 

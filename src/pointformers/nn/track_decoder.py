@@ -115,12 +115,11 @@ def sector_frame(eta: torch.Tensor, phi: torch.Tensor, sectors: Sectors) -> torc
     Args:
         eta, phi: ``(B, N)`` of every hit; sectors: from :func:`phi_sectors`.
     """
-    cos, sin = gather_sectors(torch.cos(phi), sectors), gather_sectors(torch.sin(phi), sectors)   # 0 at padding
-    cc, cs = cos.sum(1, keepdim=True), sin.sum(1, keepdim=True)
+    eta, cos, sin = gather_sectors(torch.stack([eta, torch.cos(phi), torch.sin(phi)], -1), sectors).unbind(-1)
+    cc, cs = cos.sum(1, keepdim=True), sin.sum(1, keepdim=True)        # padding gathered as zeros: real hits only
     norm = torch.sqrt(cc * cc + cs * cs).clamp_min(1e-12)
     cc, cs = cc / norm, cs / norm
-    m = sectors.mask.to(cos.dtype)
-    return torch.stack([gather_sectors(eta, sectors), (cos * cc + sin * cs) * m, (sin * cc - cos * cs) * m], -1)
+    return torch.stack([eta, cos * cc + sin * cs, sin * cc - cos * cs], -1)   # still zeros at padding
 
 
 class DecoderOutput(NamedTuple):
