@@ -147,3 +147,28 @@ def test_tracking_sector_options_reach_the_generator() -> None:
         load_config("configs/tracking-hept-small.yaml", ["data.sector_ds=0.5"])
     with pytest.raises(ValueError, match="^data.sector_slope: 'arctan' wedges"):
         load_config("configs/tracking-hept-small.yaml", ["data.sector_slope=arctan"])
+
+
+def test_a_task_key_that_moved_to_the_model_options_still_loads(tmp_path: Path) -> None:
+    # track-reconstruction's fragment merging moved from task.merge_max_hits to the model's options: an older
+    # config file, --set or a checkpoint's saved config loads with a warning, the value where it now lives
+    import warnings as w
+
+    path = tmp_path / "old.yaml"
+    path.write_text("task: {name: track-reconstruction, merge_max_hits: 3}\nmodel: {name: track-reconstruction}\n")
+    with pytest.warns(UserWarning, match="task.merge_max_hits is now model.options.merge_max_hits"):
+        cfg = load_config(path)
+    assert cfg["model"]["options"]["merge_max_hits"] == 3 and "merge_max_hits" not in cfg["task"]
+    with pytest.warns(UserWarning, match="--set: task.merge_max_hits"):
+        cfg = load_config(None, ["task.name=track-reconstruction", "task.merge_max_hits=0",
+                                 "model.options.merge_max_hits=1"])
+    assert cfg["model"]["options"]["merge_max_hits"] == 1          # the model option given wins
+    saved = {**cfg, "task": {**cfg["task"], "merge_max_hits": 4}, "model": {"name": "track-reconstruction",
+                                                                            "options": {}}}
+    with pytest.warns(UserWarning, match="the saved config"):
+        assert load_config(None, [], base=saved)["model"]["options"]["merge_max_hits"] == 4
+    with w.catch_warnings():
+        w.simplefilter("error")
+        load_config(None, ["task.name=track-reconstruction"])    # nothing moved: no warning
+    with pytest.raises(ConfigError, match="unknown config key 'task.merge_max_hits'"):
+        load_config(None, ["task.name=tracking", "task.merge_max_hits=2"])   # only where the task moved it

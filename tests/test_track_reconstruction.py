@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pointformers.models.track_reconstruction import TRACK_PARAMS, TrackReconstructor, merge_fragments, track_parameters
+from pointformers.models.track_reconstruction import TRACK_PARAMS, TrackReconstructor, merge_tracks, track_parameters
 from pointformers.tasks.tracking.set_criterion import sector_targets, set_loss
 
 SMALL = dict(dim=16, heads=2, n_layers=2, num_slots=8, block_size=32, num_regions=4, decoder_heads=2)
@@ -105,7 +105,7 @@ def test_track_parameters_and_arguments():
         _model()(*_clouds((10,))[0], outputs=True, batch=torch.zeros(10, dtype=torch.long))
 
 
-def test_merge_fragments_joins_the_nearest_track_per_event():
+def test_merge_tracks_joins_fragments_to_the_nearest_track_per_event():
     labels = torch.tensor([[0, 0, 0, 5, 7, 7, 7, 7, -1, 9],
                            [3, 3, 4, -1, -1, -1, -1, -1, -1, -1]])
     emb = torch.zeros(2, 10, 2, dtype=torch.float64)
@@ -114,13 +114,60 @@ def test_merge_fragments_joins_the_nearest_track_per_event():
     emb[0, 3] = torch.tensor([9.0, 1.0])         # fragment 5: nearest to track 7
     emb[0, 9] = torch.tensor([1.0, -1.0])        # fragment 9: nearest to track 0
     emb[0, 8] = torch.tensor([10.0, 0.0])        # no track: stays -1
-    out = merge_fragments(labels, emb)
+    out = merge_tracks(labels, emb)
     assert out[0].tolist() == [0, 0, 0, 7, 7, 7, 7, 7, -1, 0]
     assert out[1].tolist() == labels[1].tolist()   # no track of more than 2 hits there: unchanged
-    assert merge_fragments(labels[0], emb[0]).tolist() == out[0].tolist()
-    assert merge_fragments(labels, emb, max_hits=3)[0].tolist() == [7, 7, 7, 7, 7, 7, 7, 7, -1, 7]
-    with pytest.raises(ValueError, match="max_hits"):
-        merge_fragments(labels, emb, max_hits=0)
+    assert merge_tracks(labels[0], emb[0]).tolist() == out[0].tolist()
+    assert merge_tracks(labels, emb, 10).tolist() == out.tolist()          # more possible labels: the same
+    assert merge_tracks(labels, emb, max_hits=3)[0].tolist() == [7, 7, 7, 7, 7, 7, 7, 7, -1, 7]
+    assert merge_tracks(labels, emb, max_hits=0).tolist() == labels.tolist()
+    for bad in (dict(max_hits=-1), dict(max_hits=True), dict(radius=-0.1), dict(radius=float("nan")),
+                dict(radius=float("inf"))):
+        with pytest.raises(ValueError, match="merge_max_hits|merge_radius"):
+            merge_tracks(labels, emb, **bad)
+    with pytest.raises(ValueError, match="merge_tracks: expected labels"):
+        merge_tracks(labels, emb[:, :5])
+
+
+def _merge_reference(labels: np.ndarray, emb: np.ndarray, max_hits: int, radius: float) -> np.ndarray:
+    """merge_tracks written out with loops, one event."""
+    ids = sorted(set(labels[labels >= 0].tolist()))
+    size = {t: int((labels == t).sum()) for t in ids}
+    centre = {t: emb[labels == t].mean(0) for t in ids}
+    dist = {(a, b): float(np.linalg.norm(centre[a] - centre[b])) for a in ids for b in ids}
+    parent = {}
+    for a in ids:
+        whole = [b for b in ids if size[b] > max_hits]
+        if size[a] <= max_hits:
+            parent[a] = min(whole, key=lambda b: dist[a, b]) if whole else a
+        else:
+            near = [b for b in whole if (size[b], b) > (size[a], a) and dist[a, b] < radius]
+            parent[a] = min(near, key=lambda b: dist[a, b]) if near else a
+    out = labels.copy()
+    for i, t in enumerate(labels):
+        while t >= 0 and parent[t] != t:
+            t = parent[t]
+        out[i] = t
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_merge_tracks_with_a_radius_equals_the_loops(seed):
+    # every other track joins the nearest larger one within the radius (equal sizes: the higher label),
+    # joins chain; fragments as above
+    g = np.random.default_rng(seed)
+    n, t = 80, 14
+    labels = g.integers(-1, t, n)
+    emb = np.round(g.normal(size=(t, 2))[np.clip(labels, 0, None)] + 0.05 * g.normal(size=(n, 2)), 3)
+    for max_hits, radius in ((2, 0.0), (2, 0.8), (0, 1.5), (4, 1.0)):
+        got = merge_tracks(torch.as_tensor(labels)[None], torch.as_tensor(emb)[None], t + 3, max_hits, radius)[0]
+        assert got.tolist() == _merge_reference(labels, emb, max_hits, radius).tolist(), (max_hits, radius)
+    # a chain: 3 hits -> 4 hits -> 5 hits, each 0.3 apart
+    lab = torch.tensor([1] * 5 + [2] * 4 + [3] * 3)
+    e = torch.tensor([[0.0, 0]] * 5 + [[0.3, 0]] * 4 + [[0.6, 0]] * 3)
+    assert merge_tracks(lab, e, radius=0.35).tolist() == [1] * 12
+    assert merge_tracks(lab, e, radius=0.25).tolist() == lab.tolist()
+    assert merge_tracks(torch.tensor([4, 4, 4, 6, 6, 6]), torch.zeros(6, 2), radius=0.1).tolist() == [6] * 6
 
 
 # ---------------------------------------------------------------------------- the engine's task, export
@@ -188,8 +235,9 @@ def test_task_losses_on_a_generated_cloud():
 
 @pytest.mark.parametrize("encoder", [dict(attention="full"), V2_ENCODER,
                                      dict(attention="full", overlap=0.2, stitch_min_hits=1),
-                                     dict(attention="full", sector_frame=True)],
-                         ids=["full", "v2", "stitched", "sector-frame"])
+                                     dict(attention="full", sector_frame=True),
+                                     dict(attention="full", merge_radius=2.0, merge_max_hits=3)],
+                         ids=["full", "v2", "stitched", "sector-frame", "merged"])
 def test_the_exported_model_equals_the_eager_one(tmp_path, encoder):
     """torch.export of the whole model, assignment step included: the file's track labels equal the eager
     model's at point counts other than the traced one (full attention, and the published encoder's design;
@@ -271,11 +319,11 @@ def test_resolution_plot_of_matched_tracks(tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
-def test_the_assignment_threshold_is_chosen_on_validation_clouds():
+def test_the_assignment_threshold_and_merging_radius_are_chosen_on_validation_clouds():
     # as HEPT's DBSCAN radius: the grid's threshold of highest mean TrackML score on the validation clouds
-    # (ties: the larger), then used on the test clouds
+    # (ties: the larger), then at it the merging radius (ties: the smaller), then used on the test clouds
     from pointformers.data.tracking import generate_event, preset_params
-    from pointformers.tasks.tracking.reconstruction import THRESHOLD_GRID, TrackReconstructionTask
+    from pointformers.tasks.tracking.reconstruction import MERGE_RADIUS_GRID, THRESHOLD_GRID, TrackReconstructionTask
     from pointformers.tasks.tracking.trackml_score import trackml_score, trackml_score_split
     from pointformers.tasks.tracking.training import cloud_truth_weights, prepare_tracking_clouds
 
@@ -285,34 +333,44 @@ def test_the_assignment_threshold_is_chosen_on_validation_clouds():
                                decoder_heads=2).eval()
     task = TrackReconstructionTask()
     val, test = clouds[:1], clouds[1:]
-    pred = task.predict(model, val, thresholds=THRESHOLD_GRID)
-    scores = [trackml_score_split([trackml_score(lab[i], c.inputs.particle_id, cloud_truth_weights(c))
-                                   for (lab, _), c in zip(pred, val)]) for i in range(len(THRESHOLD_GRID))]
-    best = max(range(len(scores)), key=lambda i: (scores[i], i))
-    t, score = task.choose_threshold(model, val)
-    assert (t, score) == (THRESHOLD_GRID[best], scores[best])
-    # labels that are perfect at one threshold of the grid only: that one is chosen
-    real_predict = task.predict
+
+    def scores(settings):
+        pred = task.predict(model, val, settings)
+        return [trackml_score_split([trackml_score(lab[i], c.inputs.particle_id, cloud_truth_weights(c))
+                                     for (lab, _), c in zip(pred, val)]) for i in range(len(settings))]
+    s1 = scores([(t, None) for t in THRESHOLD_GRID])
+    i = max(range(len(s1)), key=lambda k: (s1[k], k))
+    s2 = scores([(THRESHOLD_GRID[i], r) for r in MERGE_RADIUS_GRID])
+    j = max(range(len(s2)), key=lambda k: (s2[k], -k))
+    t, r, score = task.choose_assignment(model, val)
+    assert (t, r, score) == (THRESHOLD_GRID[i], MERGE_RADIUS_GRID[j], s2[j])
+    # labels that are perfect at one threshold (any radius) or at one radius only: that one is chosen
+    pid = val[0].inputs.particle_id
+    real_assign, real_merge = model.assign, model.merge
     for k in (0, 4, len(THRESHOLD_GRID) - 2):
-        def fake(m, cl, thresholds=None, k=k):
-            out = []
-            for c in cl:
-                lab = np.stack([np.full(c.num_hits, -1)] * len(thresholds))
-                lab[k] = c.inputs.particle_id.numpy()
-                out.append((lab, None))
-            return out
-        task.predict = fake
-        assert task.choose_threshold(model, val) == (THRESHOLD_GRID[k], 1.0)
-    task.predict = real_predict
-    val_metrics = task.evaluate(model, val)                  # the validation metric: at the chosen threshold
-    assert val_metrics["threshold"] == t and val_metrics["trackml_score"] == score
+        model.assign = lambda out, n, threshold=None, k=k: (pid if threshold == THRESHOLD_GRID[k]
+                                                           else torch.full_like(pid, -1))[None]
+        model.merge = lambda labels, emb, radius=None: labels
+        assert task.choose_assignment(model, val) == (THRESHOLD_GRID[k], 0.0, 1.0)
+    for k in (1, len(MERGE_RADIUS_GRID) - 1):
+        model.assign = lambda out, n, threshold=None: torch.full_like(pid, -1)[None]
+        model.merge = lambda labels, emb, radius=None, k=k: pid[None] if radius == MERGE_RADIUS_GRID[k] else labels
+        assert task.choose_assignment(model, val) == (THRESHOLD_GRID[-1], MERGE_RADIUS_GRID[k], 1.0)
+    model.assign, model.merge = real_assign, real_merge
+    val_metrics = task.evaluate(model, val)                  # the validation metric: at the chosen setting
+    assert (val_metrics["threshold"], val_metrics["merge_radius"], val_metrics["trackml_score"]) == (t, r, score)
     res = task.evaluate_report(model, val, test)
-    assert res["threshold"] == t and res["val_trackml_score"] == score
-    (lab, _), = task.predict(model, test, thresholds=[t])
+    assert (res["threshold"], res["merge_radius"], res["val_trackml_score"]) == (t, r, score)
+    (lab, _), = task.predict(model, test, [(t, r)])
     assert res["num_tracks"] == len(np.unique(lab[0][lab[0] >= 0]))
-    # after training (the engine's hooks): best.pt's config carries the validated threshold, the model
-    # and the test pass use it instead of choosing again on the test clouds
-    assert task.validated_options(val_metrics) == {"threshold": t}
+    # after training (the engine's hooks): best.pt's config carries the validated options, the model and
+    # the test pass use them instead of choosing again on the test clouds
+    assert task.validated_options(val_metrics) == {"threshold": t, "merge_radius": r}
     other = THRESHOLD_GRID[0] if t != THRESHOLD_GRID[0] else THRESHOLD_GRID[1]
-    task.use_validated(model, {"threshold": other})
-    assert model.threshold == other and task.evaluate(model, test)["threshold"] == other
+    task.use_validated(model, {"threshold": other, "merge_radius": 0.3})
+    assert (model.threshold, model.merge_radius) == (other, 0.3)
+    got = task.evaluate(model, test)
+    assert (got["threshold"], got["merge_radius"]) == (other, 0.3)
+    (lab, _), = task.predict(model, test)                     # the model's own setting now
+    (want, _), = task.predict(model, test, [(other, 0.3)])
+    assert np.array_equal(lab, want[0])

@@ -26,6 +26,7 @@ import copy
 import inspect
 import os
 import typing
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -237,6 +238,26 @@ def read_yaml_config(path: str | os.PathLike) -> dict[str, Any]:
     return dict(loaded)
 
 
+def _move_keys(layer: Mapping[str, Any] | None, spec: Any, source: str) -> Mapping[str, Any] | None:
+    """``layer`` with the task keys that moved to ``model.options`` (``spec.moved_keys``) moved there, with a
+    warning naming ``source``; a value the layer's model options already set wins."""
+    task = layer.get("task") if isinstance(layer, Mapping) else None
+    moved = [k for k in spec.moved_keys if isinstance(task, Mapping) and k in task]
+    if not moved:
+        return layer
+    out = copy.deepcopy(dict(layer))
+    model = dict(out.get("model") or {})
+    options = dict(model.get("options") or {})
+    for key in moved:
+        value = out["task"].pop(key)
+        options.setdefault(spec.moved_keys[key], value)
+        warnings.warn(f"{source or 'config'}: task.{key} is now model.options.{spec.moved_keys[key]}; "
+                      f"read as that (update the config)", UserWarning, stacklevel=3)
+    model["options"] = options
+    out["model"] = model
+    return out
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
                 base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``base`` (default: the task's defaults) updated by the YAML file at ``path`` and the ``--set``
@@ -245,6 +266,10 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
     sets = parse_set(overrides)
     base_name = _task_name_of(base) or DEFAULT_TASK if base is not None else None
     name = _task_name_of(sets) or _task_name_of(loaded) or base_name or DEFAULT_TASK
+    spec = _spec(name)
+    base = _move_keys(base, spec, "the saved config")
+    loaded = _move_keys(loaded, spec, f"--config {str(path)!r}")
+    sets = _move_keys(sets, spec, "--set")
     cfg = copy.deepcopy(dict(base)) if base is not None and base_name == name else task_default_config(name)
     schema = config_schema(name)
     cfg = merge_layer(cfg, loaded, schema, f"--config {str(path)!r}" if path is not None else "")

@@ -12,10 +12,12 @@ around any attention mechanism (HEPT by default); its per-hit features feed
   of the slot's track (beyond the published design).
 
 :meth:`TrackReconstructor.forward` is the inference (what export traces): each real hit takes its best slot
-of its sector, or −1 below the score threshold; labels are unique within an event. ``forward(...,
+of its sector, or −1 below the score threshold, then the tracks are merged by embedding
+(:func:`merge_tracks`: fragments of at most ``merge_max_hits`` hits join the most similar track, the
+published design's post-processing; with ``merge_radius`` > 0 also each track whose mean embedding lies
+within that radius of a larger track's, beyond it); labels are unique within an event. ``forward(...,
 outputs=True)`` returns everything the losses need instead (:class:`TrackOutput`; the engine's task calls it
-so, through DistributedDataParallel when distributed), and :func:`merge_fragments` is the optional
-post-processing step of the published design (fragments of at most two hits join the most similar track).
+so, through DistributedDataParallel when distributed).
 """
 
 from typing import NamedTuple, Optional
@@ -29,7 +31,7 @@ from ..nn.track_decoder import (Sectors, TrackDecoder, assign_hits, gather_secto
 from .point_encoder import PointTransformerJK
 from .registry import register_model
 
-__all__ = ["TrackReconstructor", "TrackOutput", "TRACK_PARAMS", "track_parameters", "merge_fragments"]
+__all__ = ["TrackReconstructor", "TrackOutput", "TRACK_PARAMS", "track_parameters", "merge_tracks"]
 
 #: The encoder options a model passes through ``encoder_options`` (see :class:`PointTransformerJK`).
 ENCODER_OPTIONS = frozenset({"pe", "norm", "ffn", "ffn_hidden"})
@@ -76,6 +78,11 @@ class TrackReconstructor(nn.Module):
             so that the slot bank, shared by all sectors, can learn where to look whatever the sector's azimuth
             (beyond the published design; DETR's positional keys). η is ``coords[..., eta_column]``.
         threshold: the score below which a hit is left without a track at inference.
+        merge_max_hits: at inference, a track of at most this many hits (a fragment) joins the track of more
+            hits whose mean embedding is nearest (published: 2; 0: off), :func:`merge_tracks`.
+        merge_radius: at inference, a track whose mean embedding lies within this (Euclidean) radius of a
+            larger track's joins the nearest such track (0: off; beyond the published design: it joins the
+            pieces of a particle that two slots split).
         encoder_options: further options of the encoder (:data:`ENCODER_OPTIONS`): the published
             encoder's pre-RMSNorm SwiGLU blocks with a coordinate encoding at every layer are
             ``{"norm": "rms", "ffn": "swiglu", "pe": "learned-each-layer"}`` with ``attention="coord_lsh"``.
@@ -93,7 +100,8 @@ class TrackReconstructor(nn.Module):
                  embed_dim: int = 12, num_slots: int = 64, sectors: int = 3, overlap: float = 0.0,
                  decoder_heads: int = 4, decoder_layers: int = 2, attention_mask: bool = False,
                  threshold: float = 0.5, phi_column: int = 1, encoder_options: Optional[dict] = None,
-                 stitch_min_hits: int = 0, sector_frame: bool = False, eta_column: int = 0):
+                 stitch_min_hits: int = 0, sector_frame: bool = False, eta_column: int = 0,
+                 merge_max_hits: int = 2, merge_radius: float = 0.0):
         super().__init__()
         for name, col in (("phi_column", phi_column), ("eta_column", eta_column)):
             if not isinstance(col, int) or isinstance(col, bool) or not (0 <= col < coord_dim):
@@ -109,6 +117,8 @@ class TrackReconstructor(nn.Module):
             raise ValueError(f"stitch_min_hits={stitch_min_hits} stitches overlapping sectors: it needs overlap > 0 and "
                              f"sectors > 1, got overlap={overlap!r}, sectors={sectors!r}")
         self.stitch_min_hits = stitch_min_hits
+        _check_merge(merge_max_hits, merge_radius)
+        self.merge_max_hits, self.merge_radius = merge_max_hits, float(merge_radius)
         encoder_options = dict(encoder_options or {})
         if set(encoder_options) - ENCODER_OPTIONS:
             raise ValueError(f"encoder_options: unknown option(s) {sorted(set(encoder_options) - ENCODER_OPTIONS)}; "
@@ -166,11 +176,26 @@ class TrackReconstructor(nn.Module):
         run sectors of one hit)."""
         return 2 * self.num_sectors
 
-    def labels_from(self, out: TrackOutput, num_hits: int, threshold: Optional[float] = None) -> torch.Tensor:
-        """Track labels ``(B, N)`` from a forward's output (−1 = no track, and at padding); ``threshold``
-        overrides the model's own (e.g. one chosen on validation data)."""
+    def assign(self, out: TrackOutput, num_hits: int, threshold: Optional[float] = None) -> torch.Tensor:
+        """Track labels ``(B, N)`` from a forward's output before merging: each hit's best slot of its
+        sector (−1 = no track, and at padding); ``threshold`` overrides the model's own."""
         labels, scores = assign_hits(out.stages[-1], out.sectors.mask, self.threshold if threshold is None else threshold)
         return labels_to_hits(labels, scores, out.sectors, num_hits, self.num_slots, self.stitch_min_hits)
+
+    def merge(self, labels: torch.Tensor, embedding: torch.Tensor, merge_radius: Optional[float] = None) -> torch.Tensor:
+        """:meth:`assign`'s labels ``(B, N)`` merged by the hit embedding ``(B, N, D)`` (:func:`merge_tracks`
+        with the model's ``merge_max_hits``; ``merge_radius`` overrides the model's own)."""
+        radius = self.merge_radius if merge_radius is None else merge_radius
+        if self.merge_max_hits == 0 and radius == 0:
+            return labels
+        return merge_tracks(labels, embedding, self.num_sectors * self.num_slots, self.merge_max_hits, radius)
+
+    def labels_from(self, out: TrackOutput, num_hits: int, threshold: Optional[float] = None,
+                    merge_radius: Optional[float] = None) -> torch.Tensor:
+        """Track labels ``(B, N)`` from a forward's output (−1 = no track, and at padding): :meth:`assign` then
+        :meth:`merge`; ``threshold`` and ``merge_radius`` override the model's own (e.g. ones chosen on
+        validation data)."""
+        return self.merge(self.assign(out, num_hits, threshold), out.embedding, merge_radius)
 
     @accepts_flat_inputs(2, 2, per_point=True)
     def track_labels(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -185,46 +210,75 @@ def track_parameters(params: torch.Tensor) -> dict[str, torch.Tensor]:
             "eta": params[..., 2], "phi": torch.atan2(params[..., 4], params[..., 3])}
 
 
-def merge_fragments(labels: torch.Tensor, embedding: torch.Tensor, max_hits: int = 2) -> torch.Tensor:
-    """Fragments join the most similar track (the published design's post-processing).
+def _check_merge(max_hits, radius) -> None:
+    if not isinstance(max_hits, int) or isinstance(max_hits, bool) or max_hits < 0:
+        raise ValueError(f"merge_max_hits: expected an integer >= 0 (0: no fragment merging), got {max_hits!r}")
+    if isinstance(radius, bool) or not isinstance(radius, (int, float)) or not (0 <= radius < float("inf")):
+        raise ValueError(f"merge_radius: expected a finite number >= 0 (0: off), got {radius!r}")
 
-    A track of at most ``max_hits`` hits is a fragment; each fragment joins, as a whole, the track of
-    more than ``max_hits`` hits of the same event whose mean hit embedding is nearest (Euclidean) to the
-    fragment's mean embedding. Fragments stay as they are in an event without such a track.
+
+def merge_tracks(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: Optional[int] = None,
+                 max_hits: int = 2, radius: float = 0.0) -> torch.Tensor:
+    """Tracks joined by their mean hit embedding, per event.
+
+    * A **fragment** (a track of at most ``max_hits`` hits; 0: none) joins the track of more than
+      ``max_hits`` hits whose mean embedding is nearest (Euclidean) to its own (the published design's
+      post-processing); it stays as it is in an event without such a track.
+    * With ``radius`` > 0, every other track joins the nearest *larger* track (more hits; equal size: the
+      higher label) whose mean embedding lies within ``radius`` of its own.
+
+    Joins chain (a track joins where its target goes); labels are those of the receiving tracks. Fixed
+    shapes throughout (``(B, num_tracks)`` sizes and centres, a ``(B, num_tracks, num_tracks)`` distance
+    table), so the step exports with the model.
 
     Args:
-        labels: ``(B, N)`` or ``(N,)`` int64 track labels (−1 = no track, never changed).
+        labels: ``(B, N)`` or ``(N,)`` int64 track labels in ``[0, num_tracks)``, −1 = no track (never changed).
         embedding: ``(B, N, D)`` or ``(N, D)`` hit embeddings (e.g. :attr:`TrackOutput.embedding`).
-        max_hits: the largest fragment, ``>= 1``.
+        num_tracks: the number of possible labels (default: the largest label + 1, read from the data).
+        max_hits: the largest fragment, ``>= 0``.
+        radius: the joining radius of the other tracks, ``>= 0``.
 
     Returns:
         The new labels, the shape of ``labels``.
     """
-    if not isinstance(max_hits, int) or isinstance(max_hits, bool) or max_hits < 1:
-        raise ValueError(f"max_hits: expected an integer >= 1, got {max_hits!r}")
+    _check_merge(max_hits, radius)
     one = labels.dim() == 1
     if one:
         labels, embedding = labels[None], embedding[None]
     if labels.dim() != 2 or embedding.dim() != 3 or embedding.shape[:2] != labels.shape:
-        raise ValueError(f"merge_fragments: expected labels (B, N) and embedding (B, N, D), got "
+        raise ValueError(f"merge_tracks: expected labels (B, N) and embedding (B, N, D), got "
                          f"{tuple(labels.shape)} and {tuple(embedding.shape)}")
-    out = labels.clone()
-    for b in range(labels.shape[0]):
-        lab = labels[b]
-        real = lab >= 0
-        if not bool(real.any()):
-            continue
-        ids, inv, counts = torch.unique(lab[real], return_inverse=True, return_counts=True)
-        emb = embedding[b][real].double()
-        centres = torch.zeros(ids.numel(), emb.shape[1], dtype=emb.dtype, device=emb.device).index_add_(0, inv, emb)
-        centres = centres / counts[:, None]
-        frag, whole = counts <= max_hits, counts > max_hits
-        if not bool(frag.any()) or not bool(whole.any()):
-            continue
-        nearest = torch.cdist(centres[frag], centres[whole]).argmin(1)          # (fragments,)
-        new_id = ids.clone()
-        new_id[frag] = ids[whole][nearest]
-        out[b, real] = new_id[inv]
+    if num_tracks is None:
+        num_tracks = int(labels.max()) + 1 if labels.numel() else 0
+    if num_tracks <= 0:
+        return labels[0] if one else labels
+    b, t = labels.shape[0], num_tracks
+    real = labels >= 0
+    idx = torch.where(real, labels, torch.zeros_like(labels))
+    emb = embedding.float() * real[..., None]
+    size = torch.zeros(b, t, dtype=emb.dtype, device=emb.device).scatter_add(1, idx, real.to(emb.dtype))
+    centre = torch.zeros(b, t, emb.shape[-1], dtype=emb.dtype, device=emb.device)
+    centre = centre.scatter_add(1, idx[..., None].expand(-1, -1, emb.shape[-1]), emb) / size.clamp(min=1)[..., None]
+    sq = (centre * centre).sum(-1)
+    dist2 = (sq[:, :, None] + sq[:, None, :] - 2 * centre @ centre.transpose(1, 2)).clamp(min=0)   # (B, T, T)
+    own = torch.arange(t, device=labels.device).expand(b, t)
+    frag = (size > 0) & (size <= max_hits)
+    whole = size > max_hits
+    inf = torch.full_like(dist2, float("inf"))
+    # a fragment: the nearest whole track, if there is one
+    d = torch.where(whole[:, None, :], dist2, inf)
+    best, near = d.min(2)
+    parent = torch.where(frag & torch.isfinite(best), near, own)
+    if radius > 0:
+        # a whole track: the nearest larger whole track within the radius (equal size: the higher label)
+        larger = (size[:, None, :] > size[:, :, None]) | ((size[:, None, :] == size[:, :, None]) & (own[:, None, :] > own[:, :, None]))
+        d = torch.where(whole[:, None, :] & larger & (dist2 < radius * radius), dist2, inf)
+        best, near = d.min(2)
+        parent = torch.where(whole & torch.isfinite(best), near, parent)
+    # follow the joins to their end: each step goes to a larger track, so there are no cycles
+    for _ in range(max(1, (t - 1).bit_length())):
+        parent = parent.gather(1, parent)
+    out = torch.where(real, parent.gather(1, idx), labels)
     return out[0] if one else out
 
 

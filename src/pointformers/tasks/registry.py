@@ -46,6 +46,9 @@ class TaskSpec:
         plot: optional ``plot(cfg, model, samples, out_dir) -> list[Path]``: task-specific
             figures of a trained model on validation samples (e.g. tracking's event display),
             drawn by ``pointformers plot``.
+        moved_keys: ``{task key: model option}`` of keys that moved from the ``task:`` section to
+            ``model.options``: a config (file, ``--set`` or a checkpoint's) that still has one loads with
+            a warning, its value moved (unless the model options set it already).
     """
 
     name: str
@@ -64,6 +67,7 @@ class TaskSpec:
     extra: Mapping[str, Any] = field(default_factory=dict)
     baselines: Callable[[Mapping[str, Any], Sequence[Any]], dict[str, dict[str, float]]] | None = None
     plot: Callable[[Mapping[str, Any], Any, Sequence[Any], Any], list] | None = None
+    moved_keys: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in ("max", "min"):
@@ -75,6 +79,9 @@ class TaskSpec:
             if missing or unknown:
                 raise ValueError(f"TaskSpec {self.name!r}: {section} defaults must cover exactly the schema keys "
                                  f"(missing {missing}, unknown {unknown})")
+        if set(self.moved_keys) & set(self.task_schema):
+            raise ValueError(f"TaskSpec {self.name!r}: moved_keys {sorted(set(self.moved_keys) & set(self.task_schema))} "
+                             f"are still task keys")
 
 
 def _spec_info(spec: TaskSpec) -> TaskSpec:

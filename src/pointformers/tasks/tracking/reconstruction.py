@@ -16,10 +16,11 @@ design plus a track-parameter term:
   log pT, η, cos φ and sin φ of the matched particle (momentum at production), and the binary
   cross-entropy of the charge logit.
 
-Evaluation (:meth:`~TrackReconstructionTask.evaluate`): the model's track labels (fragments of at most
-``merge_max_hits`` hits joined to the most similar track by embedding, :func:`merge_fragments`) scored by
-the TrackML score and the track-matching metrics (:mod:`.metrics`); :meth:`evaluate_report` adds the
-track-parameter resolutions of the double-majority matched tracks.
+Evaluation (:meth:`~TrackReconstructionTask.evaluate`): the model's track labels (tracks merged by
+embedding, :func:`~pointformers.models.track_reconstruction.merge_tracks`) scored by the TrackML score and
+the track-matching metrics (:mod:`.metrics`), at the assignment threshold and merging radius chosen on
+validation clouds (as HEPT's DBSCAN radius); :meth:`evaluate_report` adds the track-parameter resolutions
+of the double-majority matched tracks.
 """
 from __future__ import annotations
 
@@ -31,13 +32,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...models.track_reconstruction import TrackOutput, merge_fragments, track_parameters
+from ...models.track_reconstruction import TrackOutput, track_parameters
 from .metrics import OVERALL_KEYS, match_tracks
 from .set_criterion import SetCriterionWeights, match_slots, pair_costs, sector_targets, set_loss
 from .trackml_score import trackml_score, trackml_score_split
 from .training import TrackingCloud, TrackingTask, cloud_particle_eta, cloud_truth_weights, track_matching_report
 
-__all__ = ["TrackReconstructionTask", "PARAM_KEYS", "THRESHOLD_GRID", "parameter_resolutions"]
+__all__ = ["TrackReconstructionTask", "PARAM_KEYS", "THRESHOLD_GRID", "MERGE_RADIUS_GRID", "parameter_resolutions"]
 
 #: The track-parameter resolutions :meth:`TrackReconstructionTask.evaluate_report` adds.
 PARAM_KEYS = ("pt_rel_res", "eta_res", "phi_res", "charge_acc", "param_tracks")
@@ -81,18 +82,21 @@ def parameter_resolutions(predicted: dict[str, np.ndarray], truth: dict[str, np.
             "param_tracks": float(t)}
 
 
-#: The assignment thresholds :meth:`TrackReconstructionTask.choose_threshold` tries on validation clouds.
+#: The assignment thresholds :meth:`TrackReconstructionTask.choose_assignment` tries on validation clouds.
 THRESHOLD_GRID = (0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
+#: The merging radii (in the hit embedding; 0: fragments only) it tries at the chosen threshold.
+MERGE_RADIUS_GRID = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
 
-def _best_threshold(pred: Sequence[tuple[np.ndarray, Any]], clouds: Sequence[TrackingCloud]) -> tuple[int, float]:
-    """The index of the threshold (rows of each cloud's labels ``(T, n)``) of highest mean TrackML score, and
-    that score; ties keep the larger threshold (the later row)."""
+
+def _best_setting(labels: Sequence[np.ndarray], clouds: Sequence[TrackingCloud], prefer_last: bool = True) -> tuple[int, float]:
+    """The index of the setting (rows of each cloud's labels ``(T, n)``) of highest mean TrackML score, and
+    that score; ties keep the later row (``prefer_last``) or the earlier one."""
     best = (0, float("-inf"))
-    for i in range(len(pred[0][0]) if pred else 0):
+    for i in range(len(labels[0]) if labels else 0):
         score = trackml_score_split([trackml_score(lab[i], c.inputs.particle_id, cloud_truth_weights(c))
-                                     for (lab, _), c in zip(pred, clouds)])
-        if score >= best[1]:
+                                     for lab, c in zip(labels, clouds)])
+        if score > best[1] or (prefer_last and score == best[1]):
             best = (i, score)
     return best
 
@@ -107,22 +111,18 @@ class TrackReconstructionTask:
         hit_weight, embed_weight, param_weight: weights of the auxiliary hit-classifier, InfoNCE and
             track-parameter losses (0 turns one off).
         similarity, tau, sigma, random_pairs: the InfoNCE options (:class:`~.training.TrackingTask`).
-        merge_max_hits: fragments of at most this many hits join the most similar track at evaluation
-            (0: no merging).
         match_pt_min, match_eta_max: the particle cuts of the track-matching metrics.
     """
 
     def __init__(self, weights: SetCriterionWeights = SetCriterionWeights(), min_hits: int = 3, pt_min: float = 0.9,
                  hit_weight: float = 1.0, embed_weight: float = 1.0, param_weight: float = 1.0,
                  similarity: str = "l2_rbf", tau: float = 0.05, sigma: float = 0.75, random_pairs: float = 0.2,
-                 merge_max_hits: int = 2, match_pt_min: float = 0.9, match_eta_max: float = 4.0):
+                 match_pt_min: float = 0.9, match_eta_max: float = 4.0):
         if not isinstance(weights, SetCriterionWeights):
             raise ValueError(f"weights: expected a SetCriterionWeights, got {type(weights).__name__}")
         if isinstance(min_hits, bool) or not isinstance(min_hits, int) or min_hits < 1:
             raise ValueError(f"min_hits: must be an integer >= 1, got {min_hits!r}")
-        if isinstance(merge_max_hits, bool) or not isinstance(merge_max_hits, int) or merge_max_hits < 0:
-            raise ValueError(f"merge_max_hits: must be an integer >= 0 (0: no merging), got {merge_max_hits!r}")
-        self.weights, self.min_hits, self.merge_max_hits = weights, min_hits, merge_max_hits
+        self.weights, self.min_hits = weights, min_hits
         self.hit_weight = _number(hit_weight, "hit_weight")
         self.embed_weight = _number(embed_weight, "embed_weight")
         self.param_weight = _number(param_weight, "param_weight")
@@ -135,8 +135,9 @@ class TrackReconstructionTask:
         self.track_report: dict | None = None
         #: (predicted, true) parameters of the matched tracks of the last evaluate_report (resolution plots)
         self.param_pairs: tuple[dict, dict] | None = None
-        #: The threshold fixed by :meth:`use_validated` after training; None: :meth:`evaluate` chooses.
-        self.fixed_threshold: float | None = None
+        #: The (threshold, merging radius) fixed by :meth:`use_validated` after training; None:
+        #: :meth:`evaluate` chooses.
+        self.fixed: tuple[float, float] | None = None
 
     # ------------------------------------------------------------------ training
     def losses(self, out: TrackOutput, cloud: TrackingCloud,
@@ -206,10 +207,16 @@ class TrackReconstructionTask:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def predict(self, model: nn.Module, clouds: Sequence[TrackingCloud],
-                thresholds: Sequence[float] | None = None) -> list[tuple[np.ndarray, TrackOutput]]:
-        """Per cloud: track labels ``(n,)`` int64 (−1: no track; fragments merged) and the model's outputs
-        (CPU), model in eval mode. ``thresholds``: labels at each of these score thresholds instead of the
-        model's own, ``(len(thresholds), n)`` per cloud (one forward pass per cloud)."""
+                settings: Sequence[tuple[float, float]] | None = None) -> list[tuple[np.ndarray, TrackOutput]]:
+        """Per cloud: track labels ``(n,)`` int64 (−1: no track; tracks merged) and the model's outputs
+        (CPU), model in eval mode. ``settings``: labels at each of these (threshold, merging radius) pairs
+        instead of the model's own, ``(len(settings), n)`` per cloud (one forward pass per cloud)."""
+        return [(labels, out) for labels, out, _ in self._predict(model, clouds, settings)]
+
+    def _predict(self, model: nn.Module, clouds: Sequence[TrackingCloud],
+                 settings: Sequence[tuple[float, float]] | None = None, keep_raw: Sequence[float] = ()):
+        """:meth:`predict`'s ``(labels, outputs)`` per cloud and a third item: the unmerged labels
+        ``(len(keep_raw), n)`` at each threshold of ``keep_raw`` (for choosing the radius afterwards)."""
         was_training = model.training
         model.eval()
         try:
@@ -218,24 +225,37 @@ class TrackReconstructionTask:
             for c in clouds:
                 x, coords = c.inputs.x.to(dev)[None], c.inputs.coords.to(dev)[None]
                 out = model(x, coords, outputs=True)
+                raw: dict[float, torch.Tensor] = {}
                 per = []
-                for t in (thresholds if thresholds is not None else [None]):
-                    labels = model.labels_from(out, c.num_hits, t)
-                    if self.merge_max_hits > 0:
-                        labels = merge_fragments(labels, out.embedding, self.merge_max_hits)
-                    per.append(labels[0].cpu().numpy())
-                res.append((np.stack(per) if thresholds is not None else per[0], out))
+                for t, r in (settings if settings is not None else [(None, None)]):
+                    if t not in raw:
+                        raw[t] = model.assign(out, c.num_hits, t)
+                    per.append(model.merge(raw[t], out.embedding, r)[0].cpu().numpy())
+                kept = np.stack([model.assign(out, c.num_hits, t)[0].cpu().numpy() if t not in raw
+                                 else raw[t][0].cpu().numpy() for t in keep_raw]) if keep_raw else None
+                res.append((np.stack(per) if settings is not None else per[0], out, kept))
             return res
         finally:
             model.train(was_training)
 
-    def choose_threshold(self, model: nn.Module, val_clouds: Sequence[TrackingCloud],
-                         grid: Sequence[float] = THRESHOLD_GRID) -> tuple[float, float]:
-        """The assignment threshold of highest mean TrackML score on ``val_clouds`` (the end-to-end
-        counterpart of HEPT's DBSCAN radius, chosen the same way): ``(threshold, its score)``; ties keep
-        the larger threshold."""
-        i, score = _best_threshold(self.predict(model, val_clouds, thresholds=grid), val_clouds)
-        return float(grid[i]), score
+    def choose_assignment(self, model: nn.Module, val_clouds: Sequence[TrackingCloud],
+                          thresholds: Sequence[float] = THRESHOLD_GRID,
+                          radii: Sequence[float] = MERGE_RADIUS_GRID) -> tuple[float, float, float]:
+        """The assignment threshold and the merging radius of highest mean TrackML score on ``val_clouds``
+        (the end-to-end counterpart of HEPT's DBSCAN radius, chosen the same way): first the threshold of
+        ``thresholds`` with the model's own radius (ties: the larger threshold), then at that threshold the
+        radius of ``radii`` (ties: the smaller radius). Returns ``(threshold, radius, score)``; one forward
+        pass per cloud."""
+        return self._choose(model, list(val_clouds), thresholds, radii)[:3]
+
+    def _choose(self, model: nn.Module, clouds: list, thresholds: Sequence[float], radii: Sequence[float]):
+        """:meth:`choose_assignment`'s ``(threshold, radius, score)`` and each cloud's labels ``(n,)`` there."""
+        pred = self._predict(model, clouds, [(t, None) for t in thresholds], keep_raw=thresholds)
+        i, _ = _best_setting([lab for lab, _, _ in pred], clouds)
+        merged = [np.stack([model.merge(torch.as_tensor(raw[i])[None], out.embedding, r)[0].cpu().numpy() for r in radii])
+                  for _, out, raw in pred]
+        j, score = _best_setting(merged, clouds, prefer_last=False)
+        return float(thresholds[i]), float(radii[j]), score, [lab[j] for lab in merged]
 
     def _scores(self, labels: Sequence[np.ndarray], clouds: Sequence[TrackingCloud]) -> tuple[dict[str, float], dict]:
         out = {"trackml_score": trackml_score_split([trackml_score(lab, c.inputs.particle_id, cloud_truth_weights(c))
@@ -249,46 +269,54 @@ class TrackReconstructionTask:
     def evaluate(self, model: nn.Module, clouds: Sequence[TrackingCloud]) -> dict[str, float]:
         """``trackml_score`` (the validation metric), the overall track-matching rates
         (:data:`~.metrics.OVERALL_KEYS`) and ``num_tracks``, counts pooled over the clouds, at the assignment
-        threshold of :data:`THRESHOLD_GRID` that scores best on these clouds (``threshold``): the threshold
-        belongs to the model selection, as HEPT's DBSCAN radius. (At the model's own threshold a model whose
-        object scores are still low would score 0 for many epochs, and ``best.pt`` would stay at the first.)"""
+        threshold and merging radius that score best on these clouds (:meth:`choose_assignment`;
+        ``threshold``, ``merge_radius``), or at those :meth:`use_validated` fixed: both belong to the model
+        selection, as HEPT's DBSCAN radius. (At the model's own threshold a model whose object scores are
+        still low would score 0 for many epochs, and ``best.pt`` would stay at the first.)"""
         clouds = list(clouds)
-        grid = THRESHOLD_GRID if self.fixed_threshold is None else (self.fixed_threshold,)
-        pred = self.predict(model, clouds, thresholds=grid)
-        i, _ = _best_threshold(pred, clouds)
-        out = self._scores([lab[i] for lab, _ in pred], clouds)[0]
-        out["threshold"] = float(grid[i])
+        if self.fixed is not None:
+            t, r = self.fixed
+            labels = [lab[0] for lab, _ in self.predict(model, clouds, [(t, r)])]
+        else:
+            t, r, _, labels = self._choose(model, clouds, THRESHOLD_GRID, MERGE_RADIUS_GRID)
+        out = self._scores(labels, clouds)[0]
+        out["threshold"], out["merge_radius"] = float(t), float(r)
         return out
 
     def validated_options(self, metrics: Mapping[str, float]) -> dict[str, float]:
-        """The model option validation chose (the engine's hook, see
-        :func:`~pointformers.engine.trainer.validated_options`): ``{"threshold": …}`` from a validation
-        pass's metrics; ``best.pt`` stores it in its model config, so the model rebuilt from it (evaluate,
-        predict, export) assigns hits at the threshold chosen on validation."""
-        return {"threshold": float(metrics["threshold"])} if "threshold" in metrics else {}
+        """The model options validation chose (the engine's hook, see
+        :func:`~pointformers.engine.trainer.validated_options`): ``{"threshold": …, "merge_radius": …}`` from
+        a validation pass's metrics; ``best.pt`` stores them in its model config, so the model rebuilt from it
+        (evaluate, predict, export) assigns and merges as validation chose."""
+        return {k: float(metrics[k]) for k in ("threshold", "merge_radius") if k in metrics}
 
     def use_validated(self, model: nn.Module, options: Mapping[str, float]) -> None:
-        """After training, before the test pass: the model's threshold becomes the validated one and
-        :meth:`evaluate` uses it instead of choosing on the clouds it scores (the test set)."""
+        """After training, before the test pass: the model's threshold and merging radius become the
+        validated ones and :meth:`evaluate` uses them instead of choosing on the clouds it scores (the test
+        set)."""
         if "threshold" in options:
-            model.threshold = self.fixed_threshold = float(options["threshold"])
+            model.threshold = float(options["threshold"])
+        if "merge_radius" in options:
+            model.merge_radius = float(options["merge_radius"])
+        if options.keys() & {"threshold", "merge_radius"}:
+            self.fixed = (model.threshold, model.merge_radius)
 
     def evaluate_report(self, model: nn.Module, val_clouds: Sequence[TrackingCloud],
                         test_clouds: Sequence[TrackingCloud]) -> dict[str, float]:
         """What ``pointformers evaluate --split test`` reports: :meth:`evaluate` on ``test_clouds`` plus the
         track-parameter resolutions (:func:`parameter_resolutions`, :data:`PARAM_KEYS`) of the
-        double-majority matched tracks of selected particles. The assignment threshold is chosen on
-        ``val_clouds`` (:meth:`choose_threshold`, as HEPT's DBSCAN radius is; ``threshold`` and
-        ``val_trackml_score`` in the result); without validation clouds the model's own is used. The full
-        matching result is kept in :attr:`track_report`."""
+        double-majority matched tracks of selected particles. The assignment threshold and the merging radius
+        are chosen on ``val_clouds`` (:meth:`choose_assignment`, as HEPT's DBSCAN radius is; ``threshold``,
+        ``merge_radius`` and ``val_trackml_score`` in the result); without validation clouds the model's own
+        are used. The full matching result is kept in :attr:`track_report`."""
         test_clouds, val_clouds = list(test_clouds), list(val_clouds)
         if not test_clouds:
             raise ValueError("test_clouds: need at least one test cloud to report on")
         chosen: dict[str, float] = {}
         if val_clouds:
-            t, score = self.choose_threshold(model, val_clouds)
-            chosen = {"threshold": t, "val_trackml_score": score}
-        pred = self.predict(model, test_clouds, thresholds=[chosen["threshold"]] if chosen else None)
+            t, r, score = self.choose_assignment(model, val_clouds)
+            chosen = {"threshold": t, "merge_radius": r, "val_trackml_score": score}
+        pred = self.predict(model, test_clouds, [(chosen["threshold"], chosen["merge_radius"])] if chosen else None)
         pred = [(lab[0] if chosen else lab, o) for lab, o in pred]
         out, report = self._scores([lab for lab, _ in pred], test_clouds)
         self.track_report = report

@@ -28,10 +28,11 @@ and the tracking task's keys, plus::
     task: {name: track-reconstruction, w_class: 0.1, w_focal: 200.0, w_dice: 2.0,   # cost = loss weights
            focal_alpha: 0.25, focal_gamma: 2.0, no_object: 1.0,  # unmatched slots' weight in the class term
            min_hits: 3,                                           # a sector's targets: >= 3 of their hits
-           hit_weight: 1.0, embed_weight: 1.0, param_weight: 1.0, # auxiliary losses (0 turns one off)
-           merge_max_hits: 2}                                     # fragments joined at evaluation (0: off)
+           hit_weight: 1.0, embed_weight: 1.0, param_weight: 1.0} # auxiliary losses (0 turns one off)
 
-Its validation metric is ``trackml_score`` (maximised). Everything here is glue around
+Its validation metric is ``trackml_score`` (maximised). Merging tracks by embedding is the model's
+(``model.options.merge_max_hits``, ``merge_radius``); an older config's ``task.merge_max_hits`` is read as
+``model.options.merge_max_hits``. Everything here is glue around
 :mod:`.training`, :mod:`.reconstruction`, :mod:`.core` and :mod:`.display`.
 """
 from __future__ import annotations
@@ -210,14 +211,13 @@ TRACKING_SPEC = register_task(TaskSpec(
 
 
 # ---------------------------------------------------------------------------- track-reconstruction
-#: The end-to-end task's own keys (the set criterion, the auxiliary weights, fragment merging) on top of
+#: The end-to-end task's own keys (the set criterion, the auxiliary weights) on top of
 #: the tracking task's (InfoNCE options, pair building, matching cuts).
 _RECO_OWN_SCHEMA = {"w_class": (float,), "w_focal": (float,), "w_dice": (float,), "focal_alpha": (float,),
                     "focal_gamma": (float,), "no_object": (float,), "min_hits": (int,), "hit_weight": (float,),
-                    "embed_weight": (float,), "param_weight": (float,), "merge_max_hits": (int,)}
+                    "embed_weight": (float,), "param_weight": (float,)}
 _RECO_OWN_DEFAULTS = {"w_class": 0.1, "w_focal": 200.0, "w_dice": 2.0, "focal_alpha": 0.25, "focal_gamma": 2.0,
-                      "no_object": 1.0, "min_hits": 3, "hit_weight": 1.0, "embed_weight": 1.0, "param_weight": 1.0,
-                      "merge_max_hits": 2}
+                      "no_object": 1.0, "min_hits": 3, "hit_weight": 1.0, "embed_weight": 1.0, "param_weight": 1.0}
 
 
 #: SetCriterionWeights field -> its config key
@@ -240,7 +240,7 @@ def _build_reconstruction(cfg: Mapping[str, Any]):
         raise ValueError(msg) from None
     return TrackReconstructionTask(weights, t["min_hits"], t["pt_min"], t["hit_weight"], t["embed_weight"],
                                    t["param_weight"], t["similarity"], t["tau"], t["sigma"], t["random_pairs"],
-                                   t["merge_max_hits"], t["match_pt_min"], t["match_eta_max"])
+                                   t["match_pt_min"], t["match_eta_max"])
 
 
 def _validate_reconstruction(cfg: Mapping[str, Any]) -> None:
@@ -264,4 +264,5 @@ RECONSTRUCTION_SPEC = register_task(TaskSpec(
     task_schema={**_TASK_SCHEMA, **_RECO_OWN_SCHEMA}, task_defaults={**_TASK_DEFAULTS, **_RECO_OWN_DEFAULTS},
     load=_load_reconstruction, build=_build_reconstruction, metric="trackml_score", mode="max",
     validate=_validate_reconstruction, generate=_generate, default_model="track-reconstruction",
+    moved_keys={"merge_max_hits": "merge_max_hits"},
 ))
