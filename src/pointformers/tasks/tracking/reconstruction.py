@@ -214,9 +214,9 @@ class TrackReconstructionTask:
         return [(labels, out) for labels, out, _ in self._predict(model, clouds, settings)]
 
     def _predict(self, model: nn.Module, clouds: Sequence[TrackingCloud],
-                 settings: Sequence[tuple[float, float]] | None = None, keep_raw: Sequence[float] = ()):
-        """:meth:`predict`'s ``(labels, outputs)`` per cloud and a third item: the unmerged labels
-        ``(len(keep_raw), n)`` at each threshold of ``keep_raw`` (for choosing the radius afterwards)."""
+                 settings: Sequence[tuple[float, float]] | None = None, keep_raw: bool = False):
+        """:meth:`predict`'s ``(labels, outputs)`` per cloud and a third item: with ``keep_raw``, the
+        unmerged labels ``(len(settings), n)`` at each setting's threshold (to choose the radius after)."""
         was_training = model.training
         model.eval()
         try:
@@ -225,15 +225,15 @@ class TrackReconstructionTask:
             for c in clouds:
                 x, coords = c.inputs.x.to(dev)[None], c.inputs.coords.to(dev)[None]
                 out = model(x, coords, outputs=True)
-                raw: dict[float, torch.Tensor] = {}
-                per = []
+                raw: dict[float | None, torch.Tensor] = {}
+                per, unmerged = [], []
                 for t, r in (settings if settings is not None else [(None, None)]):
                     if t not in raw:
                         raw[t] = model.assign(out, c.num_hits, t)
                     per.append(model.merge(raw[t], out.embedding, r)[0].cpu().numpy())
-                kept = np.stack([model.assign(out, c.num_hits, t)[0].cpu().numpy() if t not in raw
-                                 else raw[t][0].cpu().numpy() for t in keep_raw]) if keep_raw else None
-                res.append((np.stack(per) if settings is not None else per[0], out, kept))
+                    unmerged.append(raw[t][0].cpu().numpy())
+                res.append((np.stack(per) if settings is not None else per[0], out,
+                            np.stack(unmerged) if keep_raw else None))
             return res
         finally:
             model.train(was_training)
@@ -250,7 +250,7 @@ class TrackReconstructionTask:
 
     def _choose(self, model: nn.Module, clouds: list, thresholds: Sequence[float], radii: Sequence[float]):
         """:meth:`choose_assignment`'s ``(threshold, radius, score)`` and each cloud's labels ``(n,)`` there."""
-        pred = self._predict(model, clouds, [(t, None) for t in thresholds], keep_raw=thresholds)
+        pred = self._predict(model, clouds, [(t, None) for t in thresholds], keep_raw=True)
         i, _ = _best_setting([lab for lab, _, _ in pred], clouds)
         merged = [np.stack([model.merge(torch.as_tensor(raw[i])[None], out.embedding, r)[0].cpu().numpy() for r in radii])
                   for _, out, raw in pred]
