@@ -35,13 +35,16 @@ from torch import nn
 from ...models.track_reconstruction import TrackOutput, track_parameters
 from .metrics import OVERALL_KEYS, match_tracks
 from .set_criterion import SetCriterionWeights, match_slots, pair_costs, sector_targets, set_loss
+from .track_fit import fit_tracks
 from .trackml_score import trackml_score, trackml_score_split
 from .training import TrackingCloud, TrackingTask, cloud_particle_eta, cloud_truth_weights, track_matching_report
 
-__all__ = ["TrackReconstructionTask", "PARAM_KEYS", "THRESHOLD_GRID", "MERGE_RADIUS_GRID", "parameter_resolutions"]
+__all__ = ["TrackReconstructionTask", "PARAM_KEYS", "FIT_KEYS", "THRESHOLD_GRID", "MERGE_RADIUS_GRID", "parameter_resolutions"]
 
-#: The track-parameter resolutions :meth:`TrackReconstructionTask.evaluate_report` adds.
+#: The track-parameter resolutions :meth:`TrackReconstructionTask.evaluate_report` adds: the learned head's,
+#: and with the prefix ``fit_`` those of the helix fit of each track's hits (:func:`.track_fit.fit_tracks`).
 PARAM_KEYS = ("pt_rel_res", "eta_res", "phi_res", "charge_acc", "param_tracks")
+FIT_KEYS = tuple("fit_" + k for k in PARAM_KEYS[:4])
 
 
 def _number(v, name: str, lo: float = 0.0) -> float:
@@ -304,7 +307,8 @@ class TrackReconstructionTask:
     def evaluate_report(self, model: nn.Module, val_clouds: Sequence[TrackingCloud],
                         test_clouds: Sequence[TrackingCloud]) -> dict[str, float]:
         """What ``pointformers evaluate --split test`` reports: :meth:`evaluate` on ``test_clouds`` plus the
-        track-parameter resolutions (:func:`parameter_resolutions`, :data:`PARAM_KEYS`) of the
+        track-parameter resolutions (:func:`parameter_resolutions`, :data:`PARAM_KEYS`, and :data:`FIT_KEYS` of
+        the helix fit of the same tracks' hits, :func:`.track_fit.fit_tracks`) of the
         double-majority matched tracks of selected particles. The assignment threshold and the merging radius
         are chosen on ``val_clouds`` (:meth:`choose_assignment`, as HEPT's DBSCAN radius is; ``threshold``,
         ``merge_radius`` and ``val_trackml_score`` in the result); without validation clouds the model's own
@@ -322,9 +326,11 @@ class TrackReconstructionTask:
         self.track_report = report
         got: dict[str, list] = {k: [] for k in ("pt", "eta", "phi", "charge")}
         want: dict[str, list] = {k: [] for k in ("pt", "eta", "phi", "charge")}
+        fitted: dict[str, list] = {k: [] for k in ("pt", "eta", "phi", "charge")}
         for (labels, o), c in zip(pred, test_clouds):
             m = match_tracks(labels, c.inputs.particle_id.numpy())
             params = track_parameters(o.params.reshape(-1, o.params.shape[-1]).double().cpu())
+            fit = fit_tracks(labels, c.inputs.x.numpy())
             pid = c.inputs.particle_id.numpy()
             eta = cloud_particle_eta(c)
             ids, first = np.unique(pid, return_index=True)                # a hit of every particle
@@ -333,13 +339,18 @@ class TrackReconstructionTask:
                 if not (c.inputs.pt[h] >= self.match_pt_min and abs(eta[h]) < self.match_eta_max):
                     continue
                 track = int(m.track_ids[t])
+                i = int(np.searchsorted(fit["track"], track))
+                has_fit = i < len(fit["track"]) and fit["track"][i] == track      # >= 3 hits: always when matched
                 for k in got:
                     got[k].append(float(params[k][track]))
+                    fitted[k].append(float(fit[k][i]) if has_fit else float("nan"))
                 want["pt"].append(float(c.inputs.pt[h]))
                 want["eta"].append(float(eta[h]))
                 want["phi"].append(float(c.particle_phi[h]) if c.particle_phi is not None else float("nan"))
                 want["charge"].append(float(c.particle_q[h]) if c.particle_q is not None else float("nan"))
         self.param_pairs = ({k: np.asarray(v) for k, v in got.items()}, {k: np.asarray(v) for k, v in want.items()})
         out.update(parameter_resolutions(*self.param_pairs))
+        fit_res = parameter_resolutions({k: np.asarray(v) for k, v in fitted.items()}, self.param_pairs[1])
+        out.update({"fit_" + k: fit_res[k] for k in PARAM_KEYS[:4]})
         out.update(chosen)
         return out

@@ -1,0 +1,91 @@
+"""Track parameters from a track's hits: a helix through the beam line, fitted in closed form.
+
+The transverse projection of a track from the origin is a circle through the origin, x² + y² + D·x +
+E·y = 0; in the conformal coordinates u = x / r², v = y / r² (columns 4 and 5 of the tracking inputs,
+:func:`~.core.tracking_inputs`) it is the straight line D·u + E·v = −1. A linear least-squares fit of that
+line per track gives the circle's centre (−D/2, −E/2) and radius R, and from them
+
+* pT [GeV] = 0.2998 · B [T] · R [m], with B = 2 T · :func:`~pointformers.data.tracking.field_ratio` at
+  the track's mean z (the TrackML solenoid);
+* the charge: the field points along +z, so a positive particle turns clockwise seen from +z and the
+  centre lies on the right of its direction of flight;
+* φ: the direction of the tangent at the origin (perpendicular to the centre, pointing to the hits);
+* η: z against the transverse arc length s = 2R·asin(r / 2R) from the origin is a straight line of slope
+  cot θ = pz / pT; a least-squares line gives it, η = asinh(cot θ).
+
+These are the parameters at the point of closest approach to the beam line, what the truth's momentum at
+production is for a track from the primary vertex. No learning: this is the physicist's baseline against
+which the end-to-end model's learned parameter head is read.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...data.tracking import field_ratio
+
+__all__ = ["fit_tracks", "B_FIELD_T"]
+
+#: The central field of the TrackML solenoid [T].
+B_FIELD_T = 2.0
+
+#: pT [GeV] of a unit charge on a 1 m radius in a 1 T field.
+_GEV_PER_TM = 0.299792458
+
+# Columns of the tracking inputs (:data:`~.core.TRACKING_FEATURES`): r [m], φ / π, z [m], u, v [1 / m].
+_R, _PHI, _Z, _U, _V = 0, 1, 2, 4, 5
+
+
+def fit_tracks(labels: np.ndarray, x: np.ndarray) -> dict[str, np.ndarray]:
+    """Fitted pT, charge, η and φ of every track of one event.
+
+    Args:
+        labels: ``(n,)`` int track labels (−1: no track).
+        x: ``(n, ≥ 6)`` the tracking inputs of the same hits (r/1000, φ/π, z/1000, η, u·1000, v·1000, …).
+
+    Returns:
+        ``{"track": (T,) int64 labels, "pt", "charge", "eta", "phi": (T,) float64}`` for the tracks of at
+        least three hits (fewer fix no circle and line): NaN where the fit is degenerate (hits on one line
+        through the origin give pT = inf, charge NaN).
+    """
+    labels = np.asarray(labels)
+    x = np.asarray(x, dtype=np.float64)
+    if labels.ndim != 1 or x.ndim != 2 or x.shape[0] != labels.shape[0] or x.shape[1] < 6:
+        raise ValueError(f"fit_tracks: expected labels (n,) and tracking inputs x (n, >= 6), got "
+                         f"{labels.shape} and {x.shape}")
+    real = labels >= 0
+    ids, inv, size = np.unique(labels[real], return_inverse=True, return_counts=True)
+    keep = size >= 3
+    r, phi, z = x[real, _R], x[real, _PHI] * np.pi, x[real, _Z]
+    u, v = x[real, _U], x[real, _V]
+
+    def total(a: np.ndarray) -> np.ndarray:
+        return np.bincount(inv, weights=a, minlength=len(ids))
+
+    # the line D·u + E·v = −1: normal equations [[Σuu, Σuv], [Σuv, Σvv]] (D, E) = −(Σu, Σv)
+    suu, suv, svv, su, sv = total(u * u), total(u * v), total(v * v), total(u), total(v)
+    det = suu * svv - suv * suv
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = -(svv * su - suv * sv) / det
+        e = -(suu * sv - suv * su) / det
+    cx, cy = -d / 2, -e / 2                                                     # the centre [m]
+    radius = np.hypot(cx, cy)
+    mean_x, mean_y = total(r * np.cos(phi)) / size, total(r * np.sin(phi)) / size
+    mean_z = total(z) / size
+    pt = _GEV_PER_TM * B_FIELD_T * field_ratio(mean_z * 1000.0) * radius
+    # the direction of flight near the origin points to the hits; the centre on its right: positive
+    turn = mean_x * cy - mean_y * cx
+    charge = np.where(turn < 0, 1.0, np.where(turn > 0, -1.0, np.nan))
+    tx, ty = -cy, cx                                                            # perpendicular to the centre
+    flip = tx * mean_x + ty * mean_y < 0
+    tx, ty = np.where(flip, -tx, tx), np.where(flip, -ty, ty)
+    track_phi = np.arctan2(ty, tx)
+    # z = z0 + cot θ · s, s the arc length from the origin
+    rr = radius[inv]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.where(np.isfinite(rr), 2 * rr * np.arcsin(np.clip(r / (2 * rr), -1.0, 1.0)), r)
+        ss, sz, s1 = total(s * s), total(s * z), total(s)
+        cot = (size * sz - s1 * mean_z * size) / (size * ss - s1 * s1)
+    bad = ~np.isfinite(det) | (det == 0)
+    return {"track": ids[keep].astype(np.int64), "pt": np.where(bad, np.nan, pt)[keep],
+            "charge": np.where(bad, np.nan, charge)[keep], "eta": np.arcsinh(cot)[keep],
+            "phi": np.where(bad, np.nan, track_phi)[keep]}

@@ -1,0 +1,75 @@
+"""The helix fit of a track's hits (pointformers.tasks.tracking.track_fit): exact on exact helices, right
+charge and close parameters on generated events' true tracks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pointformers.data.tracking import field_ratio
+from pointformers.tasks.tracking.track_fit import B_FIELD_T, fit_tracks
+
+
+def _helix_inputs(q: float, radius: float, phi0: float, cot: float, n: int = 8) -> np.ndarray:
+    """Tracking inputs (r [m], φ/π, z [m], η, u, v [1/m]) of n points of an exact helix from the origin."""
+    direction = np.array([np.cos(phi0), np.sin(phi0)])
+    right = np.array([np.sin(phi0), -np.cos(phi0)])
+    centre = radius * right if q > 0 else -radius * right           # positive: turns clockwise (B along +z)
+    alpha = np.linspace(0.05, 0.6, n)                               # turning angles along the arc
+    start = -centre                                                 # the origin seen from the centre
+    sign = -1.0 if q > 0 else 1.0
+    c, s = np.cos(sign * alpha), np.sin(sign * alpha)
+    pts = centre + np.stack([c * start[0] - s * start[1], s * start[0] + c * start[1]], 1)
+    assert np.allclose(pts[:1] - 0, radius * alpha[0] * direction, atol=radius * alpha[0] ** 2)   # leaves along phi0
+    r = np.hypot(pts[:, 0], pts[:, 1])
+    z = radius * alpha * cot
+    x = np.zeros((n, 15))
+    x[:, 0], x[:, 1], x[:, 2] = r, np.arctan2(pts[:, 1], pts[:, 0]) / np.pi, z
+    x[:, 4], x[:, 5] = pts[:, 0] / r ** 2, pts[:, 1] / r ** 2
+    return x
+
+
+@pytest.mark.parametrize("q,radius,phi0,cot", [(1, 1.7, 0.3, 0.0), (-1, 1.7, 0.3, 0.5), (1, 0.6, -2.9, -2.0),
+                                               (-1, 8.0, 3.0, 4.0)])
+def test_an_exact_helix_gives_its_parameters(q, radius, phi0, cot):
+    x = np.concatenate([_helix_inputs(q, radius, phi0, cot), _helix_inputs(-q, 1.0, 1.0, 0.1, n=5)])
+    labels = np.array([4] * 8 + [9] * 5)
+    fit = fit_tracks(labels, x)
+    assert fit["track"].tolist() == [4, 9]
+    z_mean = x[:8, 2].mean() * 1000
+    assert fit["pt"][0] == pytest.approx(0.299792458 * B_FIELD_T * field_ratio(z_mean) * radius, rel=1e-9)
+    assert fit["charge"].tolist() == [q, -q]
+    assert np.angle(np.exp(1j * (fit["phi"][0] - phi0))) == pytest.approx(0.0, abs=1e-9)
+    assert fit["eta"][0] == pytest.approx(np.arcsinh(cot), abs=1e-9)
+
+
+def test_short_tracks_noise_and_bad_input():
+    x = _helix_inputs(1, 2.0, 0.0, 0.0, n=6)
+    fit = fit_tracks(np.array([0, 0, -1, 1, 1, 1]), x)
+    assert fit["track"].tolist() == [1]                          # two hits fix no circle: no fit
+    straight = x.copy()
+    straight[:, 4], straight[:, 5] = 1 / np.linspace(0.1, 0.5, 6), 0.0   # on a line through the origin
+    bad = fit_tracks(np.zeros(6, dtype=int), straight)
+    assert np.isnan(bad["pt"][0]) and np.isnan(bad["charge"][0])
+    with pytest.raises(ValueError, match="fit_tracks: expected labels"):
+        fit_tracks(np.zeros(6, dtype=int), x[:, :5])
+    assert fit_tracks(np.full(6, -1), x)["track"].size == 0
+
+
+def test_true_tracks_of_generated_events_fit_their_particles():
+    # the generator's helices in the TrackML field with material effects and noise: the fit of each
+    # particle's hits recovers its charge and close parameters (fails on a wrong sign, unit or column)
+    from pointformers.data.tracking import generate_event, preset_params
+    from pointformers.tasks.tracking.training import cloud_particle_eta, prepare_tracking_clouds
+
+    (cloud, *_), = [prepare_tracking_clouds([generate_event(preset_params("small"), seed=3)], cache_dir=False)]
+    pid = cloud.inputs.particle_id.numpy()
+    fit = fit_tracks(np.where(pid > 0, pid, -1), cloud.inputs.x.numpy())
+    ids, first = np.unique(pid, return_index=True)
+    h = first[np.searchsorted(ids, fit["track"])]
+    sel = cloud.inputs.pt.numpy()[h] >= 0.9
+    assert sel.sum() >= 20
+    pt = cloud.inputs.pt.numpy()[h][sel]
+    assert np.mean(fit["charge"][sel] == cloud.particle_q.numpy()[h][sel]) > 0.97
+    assert np.median(np.abs(fit["pt"][sel] / pt - 1)) < 0.1
+    assert np.median(np.abs(fit["eta"][sel] - cloud_particle_eta(cloud)[h][sel])) < 0.01
+    assert np.median(np.abs(np.angle(np.exp(1j * (fit["phi"][sel] - cloud.particle_phi.numpy()[h][sel]))))) < 0.01
