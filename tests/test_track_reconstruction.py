@@ -43,7 +43,8 @@ def _model(**kw) -> TrackReconstructor:
 V2_ENCODER = dict(attention="coord_lsh", encoder_options={"norm": "rms", "ffn": "swiglu", "pe": "learned-each-layer"})
 
 
-@pytest.mark.parametrize("overlap,encoder", [(0.0, {}), (0.2, {}), (0.2, V2_ENCODER), (0.2, dict(sector_frame=True))])
+@pytest.mark.parametrize("overlap,encoder", [(0.0, {}), (0.2, {}), (0.2, V2_ENCODER), (0.2, dict(sector_frame=True)),
+                                             (0.0, dict(sector_frame=True, frame_columns=[2, 4]))])
 def test_batched_events_equal_events_run_alone(overlap, encoder):
     model = _model(overlap=overlap, threshold=0.0, **encoder)
     clouds = _clouds()
@@ -103,6 +104,13 @@ def test_track_parameters_and_arguments():
         _model()(x1, c1[None])
     with pytest.raises(ValueError, match="^outputs: the training outputs need padded input"):
         _model()(*_clouds((10,))[0], outputs=True, batch=torch.zeros(10, dtype=torch.long))
+    for bad in (dict(sector_frame=True, frame_columns=[6]), dict(sector_frame=True, frame_columns="24"),
+                dict(sector_frame=True, frame_columns=[True]), dict(frame_columns=[2])):
+        with pytest.raises(ValueError, match="frame_columns"):
+            TrackReconstructor(**bad)
+    for bad in (dict(merge_max_hits=-1), dict(merge_radius=-1.0), dict(merge_radius="0.1")):
+        with pytest.raises(ValueError, match="merge_max_hits|merge_radius"):
+            TrackReconstructor(**bad)
 
 
 def test_merge_tracks_joins_fragments_to_the_nearest_track_per_event():
@@ -235,7 +243,7 @@ def test_task_losses_on_a_generated_cloud():
 
 @pytest.mark.parametrize("encoder", [dict(attention="full"), V2_ENCODER,
                                      dict(attention="full", overlap=0.2, stitch_min_hits=1),
-                                     dict(attention="full", sector_frame=True),
+                                     dict(attention="full", sector_frame=True, frame_columns=[2, 4]),
                                      dict(attention="full", merge_radius=2.0, merge_max_hits=3)],
                          ids=["full", "v2", "stitched", "sector-frame", "merged"])
 def test_the_exported_model_equals_the_eager_one(tmp_path, encoder):

@@ -20,7 +20,7 @@ outputs=True)`` returns everything the losses need instead (:class:`TrackOutput`
 so, through DistributedDataParallel when distributed).
 """
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 from torch import nn
@@ -77,6 +77,9 @@ class TrackReconstructor(nn.Module):
             (η and the azimuth from the sector's centre, :func:`~pointformers.nn.track_decoder.sector_frame`),
             so that the slot bank, shared by all sectors, can learn where to look whatever the sector's azimuth
             (beyond the published design; DETR's positional keys). η is ``coords[..., eta_column]``.
+        frame_columns: further columns of ``coords`` appended to each hit's position in the sector frame (needs
+            ``sector_frame``), e.g. ``[2, 4]`` = (r, z) in the tracking inputs: a particle's hits lie on a line in
+            (r, z) whatever its vertex, while their η spreads with the vertex's z (most in the barrel).
         threshold: the score below which a hit is left without a track at inference.
         merge_max_hits: at inference, a track of at most this many hits (a fragment) joins the track of more
             hits whose mean embedding is nearest (published: 2; 0: off), :func:`merge_tracks`.
@@ -101,6 +104,7 @@ class TrackReconstructor(nn.Module):
                  decoder_heads: int = 4, decoder_layers: int = 2, attention_mask: bool = False,
                  threshold: float = 0.5, phi_column: int = 1, encoder_options: Optional[dict] = None,
                  stitch_min_hits: int = 0, sector_frame: bool = False, eta_column: int = 0,
+                 frame_columns: Sequence[int] = (),
                  merge_max_hits: int = 2, merge_radius: float = 0.0):
         super().__init__()
         for name, col in (("phi_column", phi_column), ("eta_column", eta_column)):
@@ -108,6 +112,11 @@ class TrackReconstructor(nn.Module):
                 raise ValueError(f"{name}: expected a column of coords in [0, {coord_dim}), got {col!r}")
         if not isinstance(sector_frame, bool):
             raise ValueError(f"sector_frame: expected true or false, got {sector_frame!r}")
+        if (isinstance(frame_columns, (str, bytes)) or not isinstance(frame_columns, Sequence)
+                or any(not isinstance(c, int) or isinstance(c, bool) or not (0 <= c < coord_dim) for c in frame_columns)):
+            raise ValueError(f"frame_columns: expected a list of columns of coords in [0, {coord_dim}), got {frame_columns!r}")
+        if frame_columns and not sector_frame:
+            raise ValueError(f"frame_columns={list(frame_columns)} extend the sector frame: it needs sector_frame=true")
         if not (0.0 <= threshold < 1.0):
             raise ValueError(f"threshold: expected a score in [0, 1), got {threshold!r}")
         phi_sectors(torch.zeros(1, 1), None, sectors, overlap)   # checks sectors and overlap by name
@@ -126,7 +135,7 @@ class TrackReconstructor(nn.Module):
         self.in_dim, self.coord_dim, self.dim = in_dim, coord_dim, dim
         self.num_slots, self.num_sectors, self.overlap = num_slots, sectors, float(overlap)
         self.threshold, self.phi_column, self.eta_column = float(threshold), phi_column, eta_column
-        self.sector_frame = sector_frame
+        self.sector_frame, self.frame_columns = sector_frame, [int(c) for c in frame_columns]
         self.encoder = PointTransformerJK(in_dim, coord_dim, dim=dim, heads=heads, head_dim=head_dim, n_layers=n_layers,
                                           out_dim=dim, mlp_hidden=2 * dim, mlp_layers=2, dropout=dropout,
                                           attention=attention, attention_options=attention_options,
@@ -135,7 +144,7 @@ class TrackReconstructor(nn.Module):
         self.embed_head = nn.Linear(dim, embed_dim)
         self.hit_head = nn.Linear(dim, 1)
         self.decoder = TrackDecoder(dim, num_slots, heads=decoder_heads, n_layers=decoder_layers, dropout=dropout,
-                                    attention_mask=attention_mask, pos_dim=3 if sector_frame else 0)
+                                    attention_mask=attention_mask, pos_dim=3 + len(self.frame_columns) if sector_frame else 0)
         self.param_head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, len(TRACK_PARAMS)))
 
     def forward(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor] = None, *,
@@ -165,8 +174,11 @@ class TrackReconstructor(nn.Module):
             mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         h = self.encoder(x, coords, mask)                                    # (B, N, dim), checked inputs
         sectors = phi_sectors(coords[..., self.phi_column], mask, self.num_sectors, self.overlap)
-        pos = (sector_frame(coords[..., self.eta_column], coords[..., self.phi_column], sectors)
-               if self.sector_frame else None)
+        pos = None
+        if self.sector_frame:
+            pos = sector_frame(coords[..., self.eta_column], coords[..., self.phi_column], sectors)
+            if self.frame_columns:
+                pos = torch.cat([pos, gather_sectors(coords[..., self.frame_columns], sectors)], -1)
         stages = self.decoder(gather_sectors(h, sectors), sectors.mask, pos, last_only=last_only)
         return TrackOutput(self.embed_head(h), self.hit_head(h).squeeze(-1), sectors, stages,
                            self.param_head(stages[-1].slots))
