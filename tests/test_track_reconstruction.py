@@ -135,6 +135,8 @@ def test_merge_tracks_joins_fragments_to_the_nearest_track_per_event():
             merge_tracks(labels, emb, **bad)
     with pytest.raises(ValueError, match="merge_tracks: expected labels"):
         merge_tracks(labels, emb[:, :5])
+    with pytest.raises(ValueError, match=r"merge_tracks: labels must lie in \[-1, num_tracks=8\), got 9"):
+        merge_tracks(labels, emb, 8)
 
 
 def _merge_reference(labels: np.ndarray, emb: np.ndarray, max_hits: int, radius: float) -> np.ndarray:

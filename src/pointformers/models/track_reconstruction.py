@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..data.batch import accepts_flat_inputs
+from ..nn import is_tracing
 from ..nn.track_decoder import (Sectors, TrackDecoder, assign_hits, gather_sectors, labels_to_hits, phi_sectors,
                                 sector_frame)
 from .point_encoder import PointTransformerJK
@@ -264,6 +265,8 @@ def merge_tracks(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: Opti
         num_tracks = int(labels.max()) + 1 if labels.numel() else 0
     if num_tracks <= 0:
         return labels[0] if one else labels
+    if not is_tracing() and labels.numel() and int(labels.max()) >= num_tracks:
+        raise ValueError(f"merge_tracks: labels must lie in [-1, num_tracks={num_tracks}), got {int(labels.max())}")
     b, t = labels.shape[0], num_tracks
     real = labels >= 0
     idx = torch.where(real, labels, torch.zeros_like(labels))
