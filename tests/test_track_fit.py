@@ -14,7 +14,7 @@ def _helix_inputs(q: float, radius: float, phi0: float, cot: float, n: int = 8) 
     direction = np.array([np.cos(phi0), np.sin(phi0)])
     right = np.array([np.sin(phi0), -np.cos(phi0)])
     centre = radius * right if q > 0 else -radius * right           # positive: turns clockwise (B along +z)
-    alpha = np.linspace(0.05, 0.6, n)                               # turning angles along the arc
+    alpha = np.linspace(0.03, 0.17, n) / radius                     # turning angles: the pixel radii [m]
     start = -centre                                                 # the origin seen from the centre
     sign = -1.0 if q > 0 else 1.0
     c, s = np.cos(sign * alpha), np.sin(sign * alpha)
@@ -73,3 +73,18 @@ def test_true_tracks_of_generated_events_fit_their_particles():
     assert np.median(np.abs(fit["pt"][sel] / pt - 1)) < 0.1
     assert np.median(np.abs(fit["eta"][sel] - cloud_particle_eta(cloud)[h][sel])) < 0.01
     assert np.median(np.abs(np.angle(np.exp(1j * (fit["phi"][sel] - cloud.particle_phi.numpy()[h][sel]))))) < 0.01
+
+
+def test_the_refit_drops_a_few_hits_of_another_particle():
+    x = _helix_inputs(1, 1.5, 0.4, 0.3, n=8)
+    other = _helix_inputs(1, 1.0, 0.46, 0.3, n=8)[[5, 7]]             # two hits of another track, ~1 cm away
+    both = np.concatenate([x, other])
+    labels = np.zeros(10, dtype=int)
+    z_mean = x[:, 2].mean() * 1000
+    want = 0.299792458 * B_FIELD_T * field_ratio(z_mean) * 1.5
+    trimmed, plain = fit_tracks(labels, both), fit_tracks(labels, both, trim=0)
+    assert trimmed["pt"][0] == pytest.approx(want, rel=1e-9)
+    assert trimmed["eta"][0] == pytest.approx(np.arcsinh(0.3), abs=1e-9)
+    assert abs(plain["pt"][0] / want - 1) > 0.05                        # one fit of every hit is pulled
+    with pytest.raises(ValueError, match="trim"):
+        fit_tracks(labels, both, trim=-1)

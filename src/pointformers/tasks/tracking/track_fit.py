@@ -35,12 +35,15 @@ _GEV_PER_TM = 0.299792458
 _R, _PHI, _Z, _U, _V = 0, 1, 2, 4, 5
 
 
-def fit_tracks(labels: np.ndarray, x: np.ndarray) -> dict[str, np.ndarray]:
+def fit_tracks(labels: np.ndarray, x: np.ndarray, trim: float = 3.0) -> dict[str, np.ndarray]:
     """Fitted pT, charge, η and φ of every track of one event.
 
     Args:
         labels: ``(n,)`` int track labels (−1: no track).
         x: ``(n, ≥ 6)`` the tracking inputs of the same hits (r/1000, φ/π, z/1000, η, u·1000, v·1000, …).
+        trim: ``> 0``: after a first fit of all its hits, a track is fitted again without the hits farther
+            from its circle than ``trim`` × the track's median distance (+ 1 mm), so that the few hits of
+            other particles in an impure track do not pull the fit (at least three hits are kept; 0: one fit).
 
     Returns:
         ``{"track": (T,) int64 labels, "pt", "charge", "eta", "phi": (T,) float64}`` for the tracks of at
@@ -52,25 +55,42 @@ def fit_tracks(labels: np.ndarray, x: np.ndarray) -> dict[str, np.ndarray]:
     if labels.ndim != 1 or x.ndim != 2 or x.shape[0] != labels.shape[0] or x.shape[1] < 6:
         raise ValueError(f"fit_tracks: expected labels (n,) and tracking inputs x (n, >= 6), got "
                          f"{labels.shape} and {x.shape}")
+    if isinstance(trim, bool) or not isinstance(trim, (int, float)) or not (0 <= trim < float("inf")):
+        raise ValueError(f"trim: expected a finite number >= 0 (0: no refit), got {trim!r}")
     real = labels >= 0
     ids, inv, size = np.unique(labels[real], return_inverse=True, return_counts=True)
-    keep = size >= 3
     r, phi, z = x[real, _R], x[real, _PHI] * np.pi, x[real, _Z]
     u, v = x[real, _U], x[real, _V]
 
-    def total(a: np.ndarray) -> np.ndarray:
-        return np.bincount(inv, weights=a, minlength=len(ids))
+    def total(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return np.bincount(inv, weights=a * w, minlength=len(ids))
 
-    # the line D·u + E·v = −1: normal equations [[Σuu, Σuv], [Σuv, Σvv]] (D, E) = −(Σu, Σv)
-    suu, suv, svv, su, sv = total(u * u), total(u * v), total(v * v), total(u), total(v)
-    det = suu * svv - suv * suv
-    with np.errstate(divide="ignore", invalid="ignore"):
-        d = -(svv * su - suv * sv) / det
-        e = -(suu * sv - suv * su) / det
+    def circle(w: np.ndarray):
+        # the line D·u + E·v = −1: normal equations [[Σuu, Σuv], [Σuv, Σvv]] (D, E) = −(Σu, Σv)
+        suu, suv, svv, su, sv = total(u * u, w), total(u * v, w), total(v * v, w), total(u, w), total(v, w)
+        det = suu * svv - suv * suv
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return -(svv * su - suv * sv) / det, -(suu * sv - suv * su) / det, det
+
+    w = np.ones_like(r)
+    d, e, det = circle(w)
+    if trim > 0 and len(ids):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            dist = np.abs(d[inv] * u + e[inv] * v + 1) / np.hypot(d, e)[inv] * r * r   # ≈ metres from the circle
+        dist = np.where(np.isfinite(dist), dist, 0.0)
+        order = np.lexsort((dist, inv))                                  # by track, then distance
+        start = np.concatenate([[0], np.cumsum(size)[:-1]])
+        median = dist[order[start + (size - 1) // 2]]
+        w = (dist <= trim * median[inv] + 1e-3).astype(np.float64)
+        w = np.where((np.bincount(inv, weights=w, minlength=len(ids)) < 3)[inv], 1.0, w)
+        d, e, det = circle(w)
+    used = np.bincount(inv, weights=w, minlength=len(ids))
+    keep = size >= 3
     cx, cy = -d / 2, -e / 2                                                     # the centre [m]
     radius = np.hypot(cx, cy)
-    mean_x, mean_y = total(r * np.cos(phi)) / size, total(r * np.sin(phi)) / size
-    mean_z = total(z) / size
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean_x, mean_y = total(r * np.cos(phi), w) / used, total(r * np.sin(phi), w) / used
+        mean_z = total(z, w) / used
     pt = _GEV_PER_TM * B_FIELD_T * field_ratio(mean_z * 1000.0) * radius
     # the direction of flight near the origin points to the hits; the centre on its right: positive
     turn = mean_x * cy - mean_y * cx
@@ -83,8 +103,8 @@ def fit_tracks(labels: np.ndarray, x: np.ndarray) -> dict[str, np.ndarray]:
     rr = radius[inv]
     with np.errstate(divide="ignore", invalid="ignore"):
         s = np.where(np.isfinite(rr), 2 * rr * np.arcsin(np.clip(r / (2 * rr), -1.0, 1.0)), r)
-        ss, sz, s1 = total(s * s), total(s * z), total(s)
-        cot = (size * sz - s1 * mean_z * size) / (size * ss - s1 * s1)
+        ss, sz, s1 = total(s * s, w), total(s * z, w), total(s, w)
+        cot = (used * sz - s1 * mean_z * used) / (used * ss - s1 * s1)
     bad = ~np.isfinite(det) | (det == 0)
     return {"track": ids[keep].astype(np.int64), "pt": np.where(bad, np.nan, pt)[keep],
             "charge": np.where(bad, np.nan, charge)[keep], "eta": np.arcsinh(cot)[keep],
