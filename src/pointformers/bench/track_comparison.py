@@ -7,12 +7,14 @@ Issue 24's comparison, written as the section ``track-comparison-<preset>`` of `
   config) are trained once per seed on the same data through the same engine
   (:func:`~.hep_comparison.compare_configs`) and scored on the same test clouds: double-majority,
   perfect and LHC efficiency, fake and duplicate rates (:mod:`~pointformers.tasks.tracking.metrics`,
-  counts pooled over the clouds), the TrackML score; mean ± std over seeds, the claims "higher
+  counts pooled over the clouds), the TrackML score, and the resolutions of a helix fit of the matched
+  tracks' hits (pT, η, charge; :mod:`~pointformers.tasks.tracking.track_fit`, the same fit for both
+  pipelines' tracks); mean ± std over seeds, the claims "higher
   double-majority efficiency" and "lower fake rate" decided by the seeds' rule (:mod:`.seed_rule`).
   The efficiency against pT and η is the mean over seeds of each bin's efficiency.
 * **Latency.** The first seed's two trained models, end to end from hits to track labels (HEPT:
   the forward pass, then DBSCAN at the radius it chose; the end-to-end model: its forward pass with
-  the assignment step), on one generated event per size (:func:`~.hep_comparison._speed_event`),
+  the assignment and merging steps), on one generated event per size (:func:`~.hep_comparison._speed_event`),
   one process, the two pipelines alternated per repetition, eval mode without autograd; median of
   ``repeats`` calls after a warm-up, and the peak memory of one call (:mod:`.harness`). The sizes
   of the table (6k and 60k hits by default) and of the curve (10k to 500k by default) are options.
@@ -49,7 +51,9 @@ CURVE_SIZES = (10000, 30000, 60000, 120000, 250000, 500000)
 
 #: The accuracy columns: (header, row key, format).
 _COLUMNS = (("eff DM", "eff_dm", ".3f"), ("eff perfect", "eff_perfect", ".3f"), ("eff LHC", "eff_lhc", ".3f"),
-            ("fake DM", "fake_dm", ".3f"), ("dup LHC", "dup_lhc", ".3f"), ("TrackML score", "trackml_score", ".3f"))
+            ("fake DM", "fake_dm", ".3f"), ("dup LHC", "dup_lhc", ".3f"), ("TrackML score", "trackml_score", ".3f"),
+            ("fit pT res", "fit_pt_rel_res", ".3f"), ("fit η res", "fit_eta_res", ".4f"),
+            ("fit charge", "fit_charge_acc", ".3f"))
 
 
 def compare_accuracy(hept_config: str, e2e_config: str, preset: str | None, seeds: Sequence[int],

@@ -33,56 +33,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...models.track_reconstruction import TrackOutput, track_parameters
-from .metrics import OVERALL_KEYS, match_tracks
+from .metrics import OVERALL_KEYS
 from .set_criterion import SetCriterionWeights, match_slots, pair_costs, sector_targets, set_loss
-from .track_fit import fit_tracks
+from .track_fit import PARAM_KEYS, fit_resolutions, fit_tracks, parameter_resolutions
 from .trackml_score import trackml_score, trackml_score_split
-from .training import TrackingCloud, TrackingTask, cloud_particle_eta, cloud_truth_weights, track_matching_report
+from .training import (TrackingCloud, TrackingTask, cloud_particle_eta, cloud_truth_weights, matched_track_truth,
+                       track_matching_report)
 
-__all__ = ["TrackReconstructionTask", "PARAM_KEYS", "FIT_KEYS", "THRESHOLD_GRID", "MERGE_RADIUS_GRID", "parameter_resolutions"]
+__all__ = ["TrackReconstructionTask", "PARAM_KEYS", "THRESHOLD_GRID", "MERGE_RADIUS_GRID", "parameter_resolutions"]
 
-#: The track-parameter resolutions :meth:`TrackReconstructionTask.evaluate_report` adds: the learned head's,
-#: and with the prefix ``fit_`` those of the helix fit of each track's hits (:func:`.track_fit.fit_tracks`).
-PARAM_KEYS = ("pt_rel_res", "eta_res", "phi_res", "charge_acc", "param_tracks")
-FIT_KEYS = tuple("fit_" + k for k in PARAM_KEYS[:4])
 
 
 def _number(v, name: str, lo: float = 0.0) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo:
         raise ValueError(f"{name}: must be a finite number >= {lo:g}, got {v!r}")
     return float(v)
-
-
-def _wrap(a: np.ndarray) -> np.ndarray:
-    """Angles to (−π, π]."""
-    return np.arctan2(np.sin(a), np.cos(a))
-
-
-def _robust_width(r: np.ndarray) -> float:
-    """The spread of residuals, 1.4826 × the median absolute deviation (the standard deviation of a
-    Gaussian core, not pulled by a few mismatched tracks); NaN for none."""
-    if r.size == 0:
-        return float("nan")
-    return float(1.4826 * np.median(np.abs(r - np.median(r))))
-
-
-def parameter_resolutions(predicted: dict[str, np.ndarray], truth: dict[str, np.ndarray]) -> dict[str, float]:
-    """Resolutions of track parameters against the truth of the tracks' particles.
-
-    Args:
-        predicted, truth: ``pt``, ``eta``, ``phi``, ``charge`` arrays ``(T,)`` of the same tracks.
-
-    Returns:
-        ``pt_rel_res`` (width of pT_pred / pT_true − 1), ``eta_res`` and ``phi_res`` (widths of the
-        differences, φ wrapped), widths as 1.4826 × MAD; ``charge_acc`` (fraction with the right sign) and
-        ``param_tracks`` (T).
-    """
-    t = len(truth["pt"])
-    return {"pt_rel_res": _robust_width(predicted["pt"] / truth["pt"] - 1),
-            "eta_res": _robust_width(predicted["eta"] - truth["eta"]),
-            "phi_res": _robust_width(_wrap(predicted["phi"] - truth["phi"])),
-            "charge_acc": float(np.mean(np.sign(predicted["charge"]) == np.sign(truth["charge"]))) if t else float("nan"),
-            "param_tracks": float(t)}
 
 
 #: The assignment thresholds :meth:`TrackReconstructionTask.choose_assignment` tries on validation clouds.
@@ -307,7 +272,7 @@ class TrackReconstructionTask:
     def evaluate_report(self, model: nn.Module, val_clouds: Sequence[TrackingCloud],
                         test_clouds: Sequence[TrackingCloud]) -> dict[str, float]:
         """What ``pointformers evaluate --split test`` reports: :meth:`evaluate` on ``test_clouds`` plus the
-        track-parameter resolutions (:func:`parameter_resolutions`, :data:`PARAM_KEYS`, and :data:`FIT_KEYS` of
+        track-parameter resolutions (:func:`parameter_resolutions`, :data:`PARAM_KEYS`, and :data:`~.track_fit.FIT_KEYS` of
         the helix fit of the same tracks' hits, :func:`.track_fit.fit_tracks`) of the
         double-majority matched tracks of selected particles. The assignment threshold and the merging radius
         are chosen on ``val_clouds`` (:meth:`choose_assignment`, as HEPT's DBSCAN radius is; ``threshold``,
@@ -325,32 +290,18 @@ class TrackReconstructionTask:
         out, report = self._scores([lab for lab, _ in pred], test_clouds)
         self.track_report = report
         got: dict[str, list] = {k: [] for k in ("pt", "eta", "phi", "charge")}
-        want: dict[str, list] = {k: [] for k in ("pt", "eta", "phi", "charge")}
-        fitted: dict[str, list] = {k: [] for k in ("pt", "eta", "phi", "charge")}
+        fits, matched, truths = [], [], []
         for (labels, o), c in zip(pred, test_clouds):
-            m = match_tracks(labels, c.inputs.particle_id.numpy())
+            tracks, truth = matched_track_truth(labels, c, self.match_pt_min, self.match_eta_max)
             params = track_parameters(o.params.reshape(-1, o.params.shape[-1]).double().cpu())
-            fit = fit_tracks(labels, c.inputs.x.numpy())
-            pid = c.inputs.particle_id.numpy()
-            eta = cloud_particle_eta(c)
-            ids, first = np.unique(pid, return_index=True)                # a hit of every particle
-            for t in np.flatnonzero(m.dm):
-                h = int(first[np.searchsorted(ids, m.particle_ids[m.majority[t]])])
-                if not (c.inputs.pt[h] >= self.match_pt_min and abs(eta[h]) < self.match_eta_max):
-                    continue
-                track = int(m.track_ids[t])
-                i = int(np.searchsorted(fit["track"], track))
-                has_fit = i < len(fit["track"]) and fit["track"][i] == track      # >= 3 hits: always when matched
-                for k in got:
-                    got[k].append(float(params[k][track]))
-                    fitted[k].append(float(fit[k][i]) if has_fit else float("nan"))
-                want["pt"].append(float(c.inputs.pt[h]))
-                want["eta"].append(float(eta[h]))
-                want["phi"].append(float(c.particle_phi[h]) if c.particle_phi is not None else float("nan"))
-                want["charge"].append(float(c.particle_q[h]) if c.particle_q is not None else float("nan"))
-        self.param_pairs = ({k: np.asarray(v) for k, v in got.items()}, {k: np.asarray(v) for k, v in want.items()})
+            for k in got:
+                got[k].append(params[k][torch.as_tensor(tracks)].numpy())
+            fits.append(fit_tracks(labels, c.inputs.x.numpy()))
+            matched.append(tracks)
+            truths.append(truth)
+        want = {k: np.concatenate([t[k] for t in truths]) for k in got}
+        self.param_pairs = ({k: np.concatenate(v) for k, v in got.items()}, want)
         out.update(parameter_resolutions(*self.param_pairs))
-        fit_res = parameter_resolutions({k: np.asarray(v) for k, v in fitted.items()}, self.param_pairs[1])
-        out.update({"fit_" + k: fit_res[k] for k in PARAM_KEYS[:4]})
+        out.update(fit_resolutions(fits, matched, want))
         out.update(chosen)
         return out

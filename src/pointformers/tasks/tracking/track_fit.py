@@ -23,7 +23,12 @@ import numpy as np
 
 from ...data.tracking import field_ratio
 
-__all__ = ["fit_tracks", "B_FIELD_T"]
+__all__ = ["fit_tracks", "B_FIELD_T", "parameter_resolutions", "PARAM_KEYS", "FIT_KEYS", "fit_resolutions"]
+
+#: The keys of :func:`parameter_resolutions`.
+PARAM_KEYS = ("pt_rel_res", "eta_res", "phi_res", "charge_acc", "param_tracks")
+#: The same for the helix fit (:func:`fit_resolutions`), without the count.
+FIT_KEYS = tuple("fit_" + k for k in PARAM_KEYS[:4])
 
 #: The central field of the TrackML solenoid [T].
 B_FIELD_T = 2.0
@@ -109,3 +114,54 @@ def fit_tracks(labels: np.ndarray, x: np.ndarray, trim: float = 3.0) -> dict[str
     return {"track": ids[keep].astype(np.int64), "pt": np.where(bad, np.nan, pt)[keep],
             "charge": np.where(bad, np.nan, charge)[keep], "eta": np.arcsinh(cot)[keep],
             "phi": np.where(bad, np.nan, track_phi)[keep]}
+
+
+def _wrap(a: np.ndarray) -> np.ndarray:
+    """Angles to (−π, π]."""
+    return np.arctan2(np.sin(a), np.cos(a))
+
+
+def _robust_width(r: np.ndarray) -> float:
+    """The spread of residuals, 1.4826 × the median absolute deviation (the standard deviation of a
+    Gaussian core, not pulled by a few mismatched tracks); NaN for none."""
+    if r.size == 0:
+        return float("nan")
+    return float(1.4826 * np.median(np.abs(r - np.median(r))))
+
+
+def parameter_resolutions(predicted: dict[str, np.ndarray], truth: dict[str, np.ndarray]) -> dict[str, float]:
+    """Resolutions of track parameters against the truth of the tracks' particles.
+
+    Args:
+        predicted, truth: ``pt``, ``eta``, ``phi``, ``charge`` arrays ``(T,)`` of the same tracks.
+
+    Returns:
+        ``pt_rel_res`` (width of pT_pred / pT_true − 1), ``eta_res`` and ``phi_res`` (widths of the
+        differences, φ wrapped), widths as 1.4826 × MAD; ``charge_acc`` (fraction with the right sign) and
+        ``param_tracks`` (T).
+    """
+    t = len(truth["pt"])
+    return {"pt_rel_res": _robust_width(predicted["pt"] / truth["pt"] - 1),
+            "eta_res": _robust_width(predicted["eta"] - truth["eta"]),
+            "phi_res": _robust_width(_wrap(predicted["phi"] - truth["phi"])),
+            "charge_acc": float(np.mean(np.sign(predicted["charge"]) == np.sign(truth["charge"]))) if t else float("nan"),
+            "param_tracks": float(t)}
+
+
+def fit_resolutions(fits: list[dict[str, np.ndarray]], matched: list[tuple[np.ndarray, np.ndarray]],
+                    truth: dict[str, np.ndarray]) -> dict[str, float]:
+    """:data:`FIT_KEYS`: :func:`parameter_resolutions` of the helix fits of matched tracks.
+
+    Args:
+        fits: per cloud, :func:`fit_tracks` of its labels.
+        matched: per cloud, the matched tracks' labels ``(t,)`` (in the order of ``truth``'s entries).
+        truth: ``pt``, ``eta``, ``phi``, ``charge`` ``(T,)`` of all clouds' matched tracks, concatenated.
+    """
+    got: dict[str, list] = {k: [] for k in ("pt", "eta", "phi", "charge")}
+    for fit, tracks in zip(fits, matched):
+        i = np.clip(np.searchsorted(fit["track"], tracks), 0, max(len(fit["track"]) - 1, 0))
+        ok = (i < len(fit["track"])) & (fit["track"][i] == tracks) if len(fit["track"]) else np.zeros(len(tracks), bool)
+        for k in got:
+            got[k].append(np.where(ok, fit[k][i], np.nan) if len(fit["track"]) else np.full(len(tracks), np.nan))
+    res = parameter_resolutions({k: np.concatenate(v) if v else np.zeros(0) for k, v in got.items()}, truth)
+    return {"fit_" + k: res[k] for k in PARAM_KEYS[:4]}

@@ -31,7 +31,8 @@ from torch import nn
 
 from ...data.event import TrackingEvent
 from .building import DEFAULT_REFINE, choose_dbscan_eps, dbscan_tracks
-from .metrics import OVERALL_KEYS, TrackMetricsAccumulator, particle_eta
+from .metrics import OVERALL_KEYS, TrackMetricsAccumulator, match_tracks, particle_eta
+from .track_fit import fit_resolutions, fit_tracks
 from .trackml_score import trackml_like_weights, trackml_score, trackml_score_split
 from .core import (
     TrackingInputs,
@@ -47,6 +48,7 @@ from .core import (
 
 __all__ = [
     "TrackingCloud",
+    "matched_track_truth",
     "TrackingTask",
     "prepare_tracking_clouds",
     "cached_half_pairs",
@@ -444,7 +446,33 @@ class TrackingTask:
         report = track_matching_report(labels, test_clouds, self.match_pt_min, self.match_eta_max)
         out.update({k: float(report["overall"][k]) for k in OVERALL_KEYS})
         self.track_report = report
+        matched = [matched_track_truth(lab, c, self.match_pt_min, self.match_eta_max) for lab, c in zip(labels, test_clouds)]
+        out.update(fit_resolutions([fit_tracks(lab, c.inputs.x.numpy()) for lab, c in zip(labels, test_clouds)],
+                                   [t for t, _ in matched], {k: np.concatenate([w[k] for _, w in matched])
+                                                             for k in ("pt", "eta", "phi", "charge")}))
         return out
+
+
+def matched_track_truth(labels: np.ndarray, cloud: TrackingCloud, pt_min: float = 0.9,
+                        eta_max: float = 4.0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The double-majority matched tracks of selected particles (pT ≥ ``pt_min``, |η| < ``eta_max``) of one
+    cloud's track ``labels`` ``(n,)``, and their particles' truth: ``(tracks (t,) int64, {"pt", "eta", "phi",
+    "charge": (t,) float64})`` (momentum at production; NaN where the cloud does not carry φ or charge)."""
+    pid = cloud.inputs.particle_id.numpy()
+    m = match_tracks(labels, pid)
+    eta = cloud_particle_eta(cloud)
+    ids, first = np.unique(pid, return_index=True)                     # a hit of every particle
+    dm = np.flatnonzero(m.dm)
+    hits = first[np.searchsorted(ids, m.particle_ids[m.majority[dm]])] if dm.size else np.zeros(0, np.int64)
+    pt = cloud.inputs.pt.numpy().astype(np.float64)[hits]
+    sel = (pt >= pt_min) & (np.abs(eta[hits]) < eta_max)
+    hits = hits[sel]
+
+    def per_hit(values) -> np.ndarray:
+        return (np.asarray(values.numpy(), dtype=np.float64)[hits] if values is not None
+                else np.full(len(hits), np.nan))
+    truth = {"pt": pt[sel], "eta": eta[hits], "phi": per_hit(cloud.particle_phi), "charge": per_hit(cloud.particle_q)}
+    return np.asarray(m.track_ids)[dm][sel].astype(np.int64), truth
 
 
 def load_tracking_splits(preset, splits: Sequence[str] = ("train", "val", "test"), cache_dir=None,
