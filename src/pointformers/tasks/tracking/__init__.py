@@ -7,6 +7,8 @@ One module per concern:
 * :mod:`.trackml_score` -- the TrackML challenge score and TrackML-like hit weights.
 * :mod:`.building` -- track candidates: DBSCAN on embeddings, its radius chosen on validation.
 * :mod:`.metrics` -- track matching: efficiencies, fake and duplicate rates, against pT and η.
+* :mod:`.track_fit` -- track parameters (pT, charge, η, φ) from a helix fit of a track's hits, and
+  parameter resolutions against the truth.
 * :mod:`.training` -- the engine's task object (prepared clouds, loss, evaluation reports).
 * :mod:`.display` -- event displays and HEPT bucket figures.
 * :mod:`.spec` -- the ``tracking`` entry of the task registry (config schema, data loading).
