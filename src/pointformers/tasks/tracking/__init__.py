@@ -11,6 +11,8 @@ One module per concern:
   parameter resolutions against the truth.
 * :mod:`.training` -- the engine's task object (prepared clouds, loss, evaluation reports).
 * :mod:`.display` -- event displays and HEPT bucket figures.
+* :mod:`.set_criterion`, :mod:`.reconstruction` -- the end-to-end model's Hungarian set loss and its
+  engine task (``track-reconstruction``).
 * :mod:`.spec` -- the ``tracking`` entry of the task registry (config schema, data loading).
 """
 from .core import (
