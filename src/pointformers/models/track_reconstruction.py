@@ -279,16 +279,15 @@ def merge_tracks(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: Opti
     own = torch.arange(t, device=labels.device).expand(b, t)
     frag = (size > 0) & (size <= max_hits)
     whole = size > max_hits
-    inf = torch.full_like(dist2, float("inf"))
+    inf = float("inf")
     # a fragment: the nearest whole track, if there is one
-    d = torch.where(whole[:, None, :], dist2, inf)
-    best, near = d.min(2)
+    best, near = dist2.masked_fill(~whole[:, None, :], inf).min(2)
     parent = torch.where(frag & torch.isfinite(best), near, own)
     if radius > 0:
         # a whole track: the nearest larger whole track within the radius (equal size: the higher label)
-        larger = (size[:, None, :] > size[:, :, None]) | ((size[:, None, :] == size[:, :, None]) & (own[:, None, :] > own[:, :, None]))
-        d = torch.where(whole[:, None, :] & larger & (dist2 < radius * radius), dist2, inf)
-        best, near = d.min(2)
+        rank = size.long() * t + own                                           # size, then label: all distinct
+        larger = rank[:, None, :] > rank[:, :, None]
+        best, near = dist2.masked_fill(~(whole[:, None, :] & larger & (dist2 < radius * radius)), inf).min(2)
         parent = torch.where(whole & torch.isfinite(best), near, parent)
     # follow the joins to their end: each step goes to a larger track, so there are no cycles
     for _ in range(max(1, (t - 1).bit_length())):
