@@ -88,3 +88,15 @@ def test_the_refit_drops_a_few_hits_of_another_particle():
     assert abs(plain["pt"][0] / want - 1) > 0.05                        # one fit of every hit is pulled
     with pytest.raises(ValueError, match="trim"):
         fit_tracks(labels, both, trim=-1)
+
+
+def test_resolutions_leave_degenerate_fits_out_of_the_widths():
+    from pointformers.tasks.tracking.track_fit import parameter_resolutions
+
+    truth = {"pt": np.array([1.0, 2.0, 4.0]), "eta": np.zeros(3), "phi": np.zeros(3), "charge": np.array([1.0, -1, 1])}
+    got = {"pt": np.array([1.1, 2.2, np.nan]), "eta": np.array([0.1, -0.1, np.nan]), "phi": np.array([0.1, 0.3, np.nan]),
+           "charge": np.array([1.0, -1, np.nan])}
+    res = parameter_resolutions(got, truth)
+    assert res["pt_rel_res"] == pytest.approx(0.0) and res["eta_res"] == pytest.approx(1.4826 * 0.1)
+    assert res["phi_res"] == pytest.approx(1.4826 * 0.1) and res["charge_acc"] == pytest.approx(2 / 3)
+    assert res["param_tracks"] == 3

@@ -123,7 +123,9 @@ def _wrap(a: np.ndarray) -> np.ndarray:
 
 def _robust_width(r: np.ndarray) -> float:
     """The spread of residuals, 1.4826 × the median absolute deviation (the standard deviation of a
-    Gaussian core, not pulled by a few mismatched tracks); NaN for none."""
+    Gaussian core, not pulled by a few mismatched tracks); NaN entries (a degenerate fit) left out; NaN for
+    none."""
+    r = r[~np.isnan(r)]
     if r.size == 0:
         return float("nan")
     return float(1.4826 * np.median(np.abs(r - np.median(r))))
@@ -137,8 +139,8 @@ def parameter_resolutions(predicted: dict[str, np.ndarray], truth: dict[str, np.
 
     Returns:
         ``pt_rel_res`` (width of pT_pred / pT_true − 1), ``eta_res`` and ``phi_res`` (widths of the
-        differences, φ wrapped), widths as 1.4826 × MAD; ``charge_acc`` (fraction with the right sign) and
-        ``param_tracks`` (T).
+        differences, φ wrapped), widths as 1.4826 × MAD of the finite entries; ``charge_acc`` (fraction with
+        the right sign; NaN counts as wrong) and ``param_tracks`` (T).
     """
     t = len(truth["pt"])
     return {"pt_rel_res": _robust_width(predicted["pt"] / truth["pt"] - 1),
@@ -148,7 +150,7 @@ def parameter_resolutions(predicted: dict[str, np.ndarray], truth: dict[str, np.
             "param_tracks": float(t)}
 
 
-def fit_resolutions(fits: list[dict[str, np.ndarray]], matched: list[tuple[np.ndarray, np.ndarray]],
+def fit_resolutions(fits: list[dict[str, np.ndarray]], matched: list[np.ndarray],
                     truth: dict[str, np.ndarray]) -> dict[str, float]:
     """:data:`FIT_KEYS`: :func:`parameter_resolutions` of the helix fits of matched tracks.
 
