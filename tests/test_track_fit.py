@@ -98,5 +98,6 @@ def test_resolutions_leave_degenerate_fits_out_of_the_widths():
            "charge": np.array([1.0, -1, np.nan])}
     res = parameter_resolutions(got, truth)
     assert res["pt_rel_res"] == pytest.approx(0.0) and res["eta_res"] == pytest.approx(1.4826 * 0.1)
+    assert res["pt_rel_bias"] == pytest.approx(0.1)
     assert res["phi_res"] == pytest.approx(1.4826 * 0.1) and res["charge_acc"] == pytest.approx(2 / 3)
     assert res["param_tracks"] == 3

@@ -322,6 +322,11 @@ def test_resolution_plot_of_matched_tracks(tmp_path):
             "phi": np.angle(np.exp(1j * (truth["phi"] + 0.02 * g.standard_normal(n)))), "charge": truth["charge"]}
     out = draw_resolutions(pred, truth, tmp_path / "res.png", title="test")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fitted = {**pred, "pt": np.where(np.arange(n) % 7 == 0, np.nan, pred["pt"] * 1.01)}   # a fit beside, some NaN
+    both = draw_resolutions(pred, truth, tmp_path / "both.png", fitted=fitted)
+    assert both.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="fitted: missing"):
+        draw_resolutions(pred, truth, tmp_path / "x.png", fitted={"pt": pred["pt"]})
     with pytest.raises(ValueError, match="no matched track"):
         draw_resolutions({k: v[:0] for k, v in pred.items()}, {k: v[:0] for k, v in truth.items()}, tmp_path / "x.png")
     with pytest.raises(ValueError, match="one entry per track"):

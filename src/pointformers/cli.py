@@ -289,7 +289,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                              "no resolution to plot")
         from .tasks.tracking.resolution_plot import draw_resolutions
 
-        print(f"wrote {draw_resolutions(*pairs, args.plot, title=name)}")
+        print(f"wrote {draw_resolutions(*pairs, args.plot, title=name, fitted=getattr(task, 'fit_values', None))}")
     if args.json:
         _write_json_file(args.json, {"checkpoint": str(args.checkpoint), "task": spec.name, "split": split,
                                      "rows": {n: m for n, m in rows},

@@ -35,7 +35,7 @@ from torch import nn
 from ...models.track_reconstruction import TrackOutput, track_parameters
 from .metrics import OVERALL_KEYS
 from .set_criterion import SetCriterionWeights, match_slots, pair_costs, sector_targets, set_loss
-from .track_fit import PARAM_KEYS, fit_resolutions, fit_tracks, parameter_resolutions
+from .track_fit import PARAM_KEYS, fit_resolutions, fit_tracks, fitted_parameters, parameter_resolutions
 from .trackml_score import trackml_score, trackml_score_split
 from .training import (TrackingCloud, TrackingTask, cloud_particle_eta, cloud_truth_weights, matched_track_truth,
                        track_matching_report)
@@ -103,6 +103,8 @@ class TrackReconstructionTask:
         self.track_report: dict | None = None
         #: (predicted, true) parameters of the matched tracks of the last evaluate_report (resolution plots)
         self.param_pairs: tuple[dict, dict] | None = None
+        #: the helix fit's parameters of the same tracks (:func:`.track_fit.fitted_parameters`), None before
+        self.fit_values: dict | None = None
         #: The (threshold, merging radius) fixed by :meth:`use_validated` after training; None:
         #: :meth:`evaluate` chooses.
         self.fixed: tuple[float, float] | None = None
@@ -302,6 +304,7 @@ class TrackReconstructionTask:
         want = {k: np.concatenate([t[k] for t in truths]) for k in got}
         self.param_pairs = ({k: np.concatenate(v) for k, v in got.items()}, want)
         out.update(parameter_resolutions(*self.param_pairs))
-        out.update(fit_resolutions(fits, matched, want))
+        self.fit_values = fitted_parameters(fits, matched)
+        out.update(fit_resolutions(self.fit_values, want))
         out.update(chosen)
         return out

@@ -23,12 +23,13 @@ import numpy as np
 
 from ...data.tracking import field_ratio
 
-__all__ = ["fit_tracks", "B_FIELD_T", "parameter_resolutions", "PARAM_KEYS", "FIT_KEYS", "fit_resolutions"]
+__all__ = ["fit_tracks", "B_FIELD_T", "parameter_resolutions", "PARAM_KEYS", "FIT_KEYS", "fit_resolutions",
+           "fitted_parameters", "robust_width"]
 
 #: The keys of :func:`parameter_resolutions`.
-PARAM_KEYS = ("pt_rel_res", "eta_res", "phi_res", "charge_acc", "param_tracks")
+PARAM_KEYS = ("pt_rel_res", "pt_rel_bias", "eta_res", "phi_res", "charge_acc", "param_tracks")
 #: The same for the helix fit (:func:`fit_resolutions`), without the count.
-FIT_KEYS = tuple("fit_" + k for k in PARAM_KEYS[:4])
+FIT_KEYS = tuple("fit_" + k for k in PARAM_KEYS[:-1])
 
 #: The central field of the TrackML solenoid [T].
 B_FIELD_T = 2.0
@@ -121,11 +122,12 @@ def _wrap(a: np.ndarray) -> np.ndarray:
     return np.arctan2(np.sin(a), np.cos(a))
 
 
-def _robust_width(r: np.ndarray) -> float:
+def robust_width(r: np.ndarray) -> float:
     """The spread of residuals, 1.4826 × the median absolute deviation (the standard deviation of a
-    Gaussian core, not pulled by a few mismatched tracks); NaN entries (a degenerate fit) left out; NaN for
-    none."""
-    r = r[~np.isnan(r)]
+    Gaussian core, not pulled by a few mismatched tracks) of the finite entries (a degenerate fit is NaN);
+    NaN for none."""
+    r = np.asarray(r, dtype=np.float64)
+    r = r[np.isfinite(r)]
     if r.size == 0:
         return float("nan")
     return float(1.4826 * np.median(np.abs(r - np.median(r))))
@@ -138,32 +140,44 @@ def parameter_resolutions(predicted: dict[str, np.ndarray], truth: dict[str, np.
         predicted, truth: ``pt``, ``eta``, ``phi``, ``charge`` arrays ``(T,)`` of the same tracks.
 
     Returns:
-        ``pt_rel_res`` (width of pT_pred / pT_true − 1), ``eta_res`` and ``phi_res`` (widths of the
+        ``pt_rel_res`` (width of pT_pred / pT_true − 1) and ``pt_rel_bias`` (its median: a width is taken
+        around the median, so a biased estimate can have a small one), ``eta_res`` and ``phi_res`` (widths of the
         differences, φ wrapped), widths as 1.4826 × MAD of the finite entries; ``charge_acc`` (fraction with
         the right sign; NaN counts as wrong) and ``param_tracks`` (T).
     """
     t = len(truth["pt"])
-    return {"pt_rel_res": _robust_width(predicted["pt"] / truth["pt"] - 1),
-            "eta_res": _robust_width(predicted["eta"] - truth["eta"]),
-            "phi_res": _robust_width(_wrap(predicted["phi"] - truth["phi"])),
+    rel = np.asarray(predicted["pt"], dtype=np.float64) / np.asarray(truth["pt"], dtype=np.float64) - 1
+    finite = rel[np.isfinite(rel)]
+    return {"pt_rel_res": robust_width(rel), "pt_rel_bias": float(np.median(finite)) if finite.size else float("nan"),
+            "eta_res": robust_width(predicted["eta"] - truth["eta"]),
+            "phi_res": robust_width(_wrap(predicted["phi"] - truth["phi"])),
             "charge_acc": float(np.mean(np.sign(predicted["charge"]) == np.sign(truth["charge"]))) if t else float("nan"),
             "param_tracks": float(t)}
 
 
-def fit_resolutions(fits: list[dict[str, np.ndarray]], matched: list[np.ndarray],
-                    truth: dict[str, np.ndarray]) -> dict[str, float]:
-    """:data:`FIT_KEYS`: :func:`parameter_resolutions` of the helix fits of matched tracks.
+def fitted_parameters(fits: list[dict[str, np.ndarray]], matched: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The helix-fit parameters of given tracks: ``pt``, ``eta``, ``phi``, ``charge`` ``(T,)``, the clouds'
+    tracks concatenated (NaN for a track without a fit).
 
     Args:
         fits: per cloud, :func:`fit_tracks` of its labels.
-        matched: per cloud, the matched tracks' labels ``(t,)`` (in the order of ``truth``'s entries).
-        truth: ``pt``, ``eta``, ``phi``, ``charge`` ``(T,)`` of all clouds' matched tracks, concatenated.
+        matched: per cloud, the tracks' labels ``(t,)``.
     """
-    got: dict[str, list] = {k: [] for k in ("pt", "eta", "phi", "charge")}
+    got: dict[str, list] = {k: [np.zeros(0)] for k in ("pt", "eta", "phi", "charge")}
     for fit, tracks in zip(fits, matched):
-        i = np.clip(np.searchsorted(fit["track"], tracks), 0, max(len(fit["track"]) - 1, 0))
-        ok = (i < len(fit["track"])) & (fit["track"][i] == tracks) if len(fit["track"]) else np.zeros(len(tracks), bool)
+        tracks = np.asarray(tracks)
+        if not len(fit["track"]):
+            for k in got:
+                got[k].append(np.full(len(tracks), np.nan))
+            continue
+        i = np.clip(np.searchsorted(fit["track"], tracks), 0, len(fit["track"]) - 1)
+        ok = fit["track"][i] == tracks
         for k in got:
-            got[k].append(np.where(ok, fit[k][i], np.nan) if len(fit["track"]) else np.full(len(tracks), np.nan))
-    res = parameter_resolutions({k: np.concatenate(v) if v else np.zeros(0) for k, v in got.items()}, truth)
-    return {"fit_" + k: res[k] for k in PARAM_KEYS[:4]}
+            got[k].append(np.where(ok, fit[k][i], np.nan))
+    return {k: np.concatenate(v) for k, v in got.items()}
+
+
+def fit_resolutions(fitted: dict[str, np.ndarray], truth: dict[str, np.ndarray]) -> dict[str, float]:
+    """:data:`FIT_KEYS`: :func:`parameter_resolutions` of :func:`fitted_parameters` against ``truth``."""
+    res = parameter_resolutions(fitted, truth)
+    return {"fit_" + k: res[k] for k in PARAM_KEYS[:-1]}

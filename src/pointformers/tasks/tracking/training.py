@@ -32,7 +32,7 @@ from torch import nn
 from ...data.event import TrackingEvent
 from .building import DEFAULT_REFINE, choose_dbscan_eps, dbscan_tracks
 from .metrics import OVERALL_KEYS, TrackMetricsAccumulator, match_tracks, particle_eta
-from .track_fit import fit_resolutions, fit_tracks
+from .track_fit import fit_resolutions, fit_tracks, fitted_parameters
 from .trackml_score import trackml_like_weights, trackml_score, trackml_score_split
 from .core import (
     TrackingInputs,
@@ -447,9 +447,9 @@ class TrackingTask:
         out.update({k: float(report["overall"][k]) for k in OVERALL_KEYS})
         self.track_report = report
         matched = [matched_track_truth(lab, c, self.match_pt_min, self.match_eta_max) for lab, c in zip(labels, test_clouds)]
-        out.update(fit_resolutions([fit_tracks(lab, c.inputs.x.numpy()) for lab, c in zip(labels, test_clouds)],
-                                   [t for t, _ in matched], {k: np.concatenate([w[k] for _, w in matched])
-                                                             for k in ("pt", "eta", "phi", "charge")}))
+        fitted = fitted_parameters([fit_tracks(lab, c.inputs.x.numpy()) for lab, c in zip(labels, test_clouds)],
+                                   [t for t, _ in matched])
+        out.update(fit_resolutions(fitted, {k: np.concatenate([w[k] for _, w in matched]) for k in fitted}))
         return out
 
 
