@@ -201,7 +201,8 @@ class TrackReconstructionTask:
                     if t not in raw:
                         raw[t] = model.assign(out, c.num_hits, t)
                     per.append(model.merge(raw[t], out.embedding, r)[0].cpu().numpy())
-                    unmerged.append(raw[t][0].cpu().numpy())
+                    if keep_raw:
+                        unmerged.append(raw[t][0].cpu().numpy())
                 res.append((np.stack(per) if settings is not None else per[0], out,
                             np.stack(unmerged) if keep_raw else None))
             return res
