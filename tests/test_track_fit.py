@@ -101,3 +101,41 @@ def test_resolutions_leave_degenerate_fits_out_of_the_widths():
     assert res["pt_rel_bias"] == pytest.approx(0.1)
     assert res["phi_res"] == pytest.approx(1.4826 * 0.1) and res["charge_acc"] == pytest.approx(2 / 3)
     assert res["param_tracks"] == 3
+
+
+def _slot_fit(x: np.ndarray, slot: np.ndarray, weight: np.ndarray, num_slots: int, trim: float = 0.0):
+    import torch
+
+    from pointformers.models.track_reconstruction import FIT_COLUMNS, slot_helix_fit
+
+    hits = torch.as_tensor(x[:, list(FIT_COLUMNS)])[None]
+    return slot_helix_fit(hits, torch.as_tensor(slot)[None], torch.as_tensor(weight, dtype=torch.float64)[None],
+                          num_slots, trim)
+
+
+def test_the_model_s_slot_fit_is_the_track_fit():
+    # the end-to-end model's fixed-shape torch fit per slot (pointformers.models.track_reconstruction) and the
+    # numpy fit per track share the helix formulas: equal on the same hits; hits of weight 0 (padding, hits
+    # claimed by no slot) are left out; a slot of fewer than three hits is not fitted
+    x = np.concatenate([_helix_inputs(1, 1.7, 0.3, 0.5), _helix_inputs(-1, 0.8, -2.0, -1.5, n=6),
+                        _helix_inputs(1, 3.0, 1.0, 0.0, n=2), np.random.default_rng(0).normal(size=(4, 15))])
+    slot = np.array([3] * 8 + [0] * 6 + [5] * 2 + [3, 0, 1, 1])
+    weight = np.array([1.0] * 16 + [0.0] * 4)
+    fit = _slot_fit(x, slot, weight, num_slots=6)
+    want = fit_tracks(np.where(weight > 0, slot, -1), x, trim=0)
+    assert want["track"].tolist() == [0, 3]
+    for k in ("pt", "charge", "phi"):
+        np.testing.assert_allclose(fit[k][0, want["track"]].numpy(), want[k], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.arcsinh(fit["cot"][0, want["track"]].numpy()), want["eta"], atol=1e-12)
+    assert fit["fitted"][0].tolist() == [True, False, False, True, False, False]
+    assert fit["charge"][0, [3, 0]].tolist() == [1.0, -1.0]
+
+
+def test_the_slot_fit_s_refit_drops_a_few_hits_of_another_particle():
+    x = np.concatenate([_helix_inputs(1, 1.5, 0.4, 0.3, n=8), _helix_inputs(1, 1.0, 0.46, 0.3, n=8)[[5, 7]]])
+    want = 0.299792458 * B_FIELD_T * field_ratio(x[:8, 2].mean() * 1000) * 1.5
+    slot, weight = np.zeros(10, dtype=np.int64), np.ones(10)
+    trimmed, plain = _slot_fit(x, slot, weight, 1, trim=2.0), _slot_fit(x, slot, weight, 1)
+    assert trimmed["pt"][0, 0].item() == pytest.approx(want, rel=1e-9)
+    assert trimmed["weight"][0, 0].item() == 8                          # the two stray hits left out
+    assert abs(plain["pt"][0, 0].item() / want - 1) > 0.05

@@ -243,6 +243,46 @@ def test_task_losses_on_a_generated_cloud():
         TrackReconstructionTask(hit_weight=float("nan"))
 
 
+def test_the_parameters_of_a_slot_with_hits_are_their_helix_fit():
+    """param_fit (the default): a slot that claims at least three hits reports the helix fit of those hits, the
+    head the others (and only they train it); param_fit=False: the head everywhere; a checkpoint loads either way."""
+    from pointformers.data.tracking import generate_event, preset_params
+    from pointformers.models.track_reconstruction import FIT_COLUMNS, FIT_TRIM, slot_helix_fit
+    from pointformers.nn.track_decoder import gather_sectors
+    from pointformers.tasks.tracking.training import prepare_tracking_clouds
+
+    cloud, = prepare_tracking_clouds([generate_event(preset_params("tiny"), seed=5)], cache_dir=False)
+    x, coords = cloud.inputs.x[None].double(), cloud.inputs.coords[None].double()
+    torch.manual_seed(0)
+    model = TrackReconstructor(dim=16, heads=2, n_layers=1, num_slots=24, block_size=32, num_regions=4,
+                               decoder_heads=2, threshold=0.0).double()
+    out = model(x, coords, outputs=True)
+    last = out.stages[-1]
+    best, slot = (torch.sigmoid(last.object_logits)[..., None] * torch.sigmoid(last.assign_logits)).max(1)
+    fit = slot_helix_fit(gather_sectors(x[..., list(FIT_COLUMNS)], out.sectors), slot, out.sectors.mask.double(), 24,
+                         FIT_TRIM)
+    ok = fit["fitted"]
+    assert 0 < int(ok.sum()) < ok.numel()
+    got = track_parameters(out.params)
+    torch.testing.assert_close(got["pt"][ok], fit["pt"][ok])
+    torch.testing.assert_close(got["eta"][ok], torch.asinh(fit["cot"][ok]))
+    torch.testing.assert_close(torch.cos(got["phi"][ok] - fit["phi"][ok]), torch.ones(int(ok.sum()), dtype=torch.float64))
+    assert torch.equal(got["charge"][ok], fit["charge"][ok])
+    head = model.param_head(last.slots)
+    torch.testing.assert_close(out.params[~ok], head[~ok])
+    out.params[ok].sum().backward()
+    assert model.param_head[-1].weight.grad is None or float(model.param_head[-1].weight.grad.abs().sum()) == 0
+    plain = TrackReconstructor(dim=16, heads=2, n_layers=1, num_slots=24, block_size=32, num_regions=4,
+                               decoder_heads=2, threshold=0.0, param_fit=False).double()
+    plain.load_state_dict(model.state_dict())
+    torch.testing.assert_close(plain(x, coords, outputs=True).params, head)
+    with pytest.raises(ValueError, match="^param_fit: expected true or false"):
+        TrackReconstructor(param_fit="yes")
+    with pytest.raises(ValueError, match="^param_fit fits helices"):
+        TrackReconstructor(in_dim=5)
+    TrackReconstructor(in_dim=5, param_fit=False)
+
+
 @pytest.mark.parametrize("encoder", [dict(attention="full"), V2_ENCODER,
                                      dict(attention="full", overlap=0.2, stitch_min_hits=1),
                                      dict(attention="full", sector_frame=True, frame_columns=[2, 4]),

@@ -99,6 +99,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import torch
 
 try:
     from scipy.spatial import cKDTree
@@ -174,13 +175,14 @@ GEOMETRY = PixelGeometry()
 
 
 def field_ratio(z: np.ndarray) -> np.ndarray:
-    """Bz(z) / B0 of the TrackML solenoid: 1.002 − 0.03·z′ − z′²·(0.55 − 0.3·(1 − z′²)), z′ = z / 2750 mm.
+    """Bz(z) / B0 of the TrackML solenoid: 1.002 − 0.03·z′ − z′²·(0.55 − 0.3·(1 − z′²)), z′ = z / 2750 mm
+    (z [mm]: array-like, or a tensor, which gives a tensor).
 
     The field model of the challenge's 1st-place solution (top-quarks, ``src/density.hpp``),
     which improved its score: 1.00 at z = 0, 0.99 at |z| = 455 mm (barrel end), 0.885 / 0.918 at
     z = +1500 / −1500 mm. The field is taken along z only (Bx = By = 0).
     """
-    zp = np.asarray(z, np.float64) / 2750.0
+    zp = (z if isinstance(z, torch.Tensor) else np.asarray(z, np.float64)) / 2750.0
     return 1.002 - 0.03 * zp - zp * zp * (0.55 - 0.3 * (1.0 - zp * zp))
 
 

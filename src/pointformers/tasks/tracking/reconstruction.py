@@ -288,7 +288,13 @@ class TrackReconstructionTask:
         if val_clouds:
             t, r, score = self.choose_assignment(model, val_clouds)
             chosen = {"threshold": t, "merge_radius": r, "val_trackml_score": score}
-        pred = self.predict(model, test_clouds, [(chosen["threshold"], chosen["merge_radius"])] if chosen else None)
+        own = model.threshold
+        if chosen:   # the slots' helix fits (param_fit) take the hits each slot claims at the chosen threshold too
+            model.threshold = chosen["threshold"]
+        try:
+            pred = self.predict(model, test_clouds, [(chosen["threshold"], chosen["merge_radius"])] if chosen else None)
+        finally:
+            model.threshold = own
         pred = [(lab[0] if chosen else lab, o) for lab, o in pred]
         out, report = self._scores([lab for lab, _ in pred], test_clouds)
         self.track_report = report

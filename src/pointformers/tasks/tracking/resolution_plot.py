@@ -5,7 +5,8 @@ Four panels from the double-majority matched tracks of selected particles
 parameters in ``param_pairs``): the distributions of pT_pred / pT_true − 1, of η_pred − η_true and of
 φ_pred − φ_true (wrapped), each with its robust width (1.4826 × MAD, the number ``evaluate``
 reports), and the pT resolution in bins of true pT; with ``fitted``, the same from the helix fit of
-the same tracks' hits (:mod:`.track_fit`) beside them. Drawn on matplotlib's Agg canvas (no pyplot),
+the same tracks' hits (:mod:`.track_fit`) beside them. The model's parameters are, with its ``param_fit``,
+the fit of the hits its slot claims where there are three or more (before merging), its head's elsewhere. Drawn on matplotlib's Agg canvas (no pyplot),
 written atomically.
 """
 from __future__ import annotations
@@ -54,7 +55,7 @@ def draw_resolutions(predicted: Mapping[str, np.ndarray], truth: Mapping[str, np
                 "φ_pred − φ_true": np.angle(np.exp(1j * (np.asarray(d["phi"], dtype=np.float64)
                                                          - np.asarray(truth["phi"], dtype=np.float64))))}
     all_res = [residuals(d) for d in sets]
-    names = ["head", "helix fit"][:len(sets)]
+    names = ["model", "helix fit of the track"][:len(sets)]
     colours = ["tab:blue", "tab:orange"]
     fig = Figure(figsize=(12.6, 3.2), dpi=dpi)
     FigureCanvasAgg(fig)

@@ -1,27 +1,18 @@
 """Track parameters from a track's hits: a helix through the beam line, fitted in closed form.
 
-The transverse projection of a track from the origin is a circle through the origin, x² + y² + D·x +
-E·y = 0; in the conformal coordinates u = x / r², v = y / r² (columns 4 and 5 of the tracking inputs,
-:func:`~.core.tracking_inputs`) it is the straight line D·u + E·v = −1. A linear least-squares fit of that
-line per track gives the circle's centre (−D/2, −E/2) and radius R, and from them
-
-* pT [GeV] = 0.2998 · B [T] · R [m], with B = 2 T · :func:`~pointformers.data.tracking.field_ratio` at
-  the track's mean z (the TrackML solenoid);
-* the charge: the field points along +z, so a positive particle turns clockwise seen from +z and the
-  centre lies on the right of its direction of flight;
-* φ: the direction of the tangent at the origin (perpendicular to the centre, pointing to the hits);
-* η: z against the transverse arc length s = 2R·asin(r / 2R) from the origin is a straight line of slope
-  cot θ = pz / pT; a least-squares line gives it, η = asinh(cot θ).
-
-These are the parameters at the point of closest approach to the beam line, what the truth's momentum at
-production is for a track from the primary vertex. No learning: this is the physicist's baseline against
-which the end-to-end model's learned parameter head is read.
+Each track's hits are fitted by :mod:`pointformers.data.helix` (a least-squares line in the conformal
+coordinates u = x / r², v = y / r², columns 4 and 5 of the tracking inputs, :func:`~.core.tracking_inputs`,
+gives the circle through the origin; pT from its radius in the TrackML field, the charge from its turning
+sense, φ from its tangent at the origin, η from z against the arc length), refitted once without the hits far
+from the first circle. These are the parameters at the point of closest approach to the beam line, what the
+truth's momentum at production is for a track from the primary vertex. No learning: this is the physicist's
+baseline against which the end-to-end model's learned parameter head is read.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...data.tracking import field_ratio
+from ...data.helix import B_FIELD_T, conformal_circle, helix_parameters
 
 __all__ = ["fit_tracks", "B_FIELD_T", "parameter_resolutions", "PARAM_KEYS", "FIT_KEYS", "fit_resolutions",
            "fitted_parameters", "robust_width"]
@@ -30,12 +21,6 @@ __all__ = ["fit_tracks", "B_FIELD_T", "parameter_resolutions", "PARAM_KEYS", "FI
 PARAM_KEYS = ("pt_rel_res", "pt_rel_bias", "eta_res", "phi_res", "charge_acc", "param_tracks")
 #: The same for the helix fit (:func:`fit_resolutions`), without the count.
 FIT_KEYS = tuple("fit_" + k for k in PARAM_KEYS[:-1])
-
-#: The central field of the TrackML solenoid [T].
-B_FIELD_T = 2.0
-
-#: pT [GeV] of a unit charge on a 1 m radius in a 1 T field.
-_GEV_PER_TM = 0.299792458
 
 # Columns of the tracking inputs (:data:`~.core.TRACKING_FEATURES`): r [m], φ / π, z [m], u, v [1 / m].
 _R, _PHI, _Z, _U, _V = 0, 1, 2, 4, 5
@@ -67,54 +52,28 @@ def fit_tracks(labels: np.ndarray, x: np.ndarray, trim: float = 3.0) -> dict[str
     ids, inv, size = np.unique(labels[real], return_inverse=True, return_counts=True)
     r, phi, z = x[real, _R], x[real, _PHI] * np.pi, x[real, _Z]
     u, v = x[real, _U], x[real, _V]
+    w = np.ones_like(r)
 
-    def total(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    def total(a: np.ndarray) -> np.ndarray:           # Σ w·a over each track's hits, w as it stands
         return np.bincount(inv, weights=a * w, minlength=len(ids))
 
-    def circle(w: np.ndarray):
-        # the line D·u + E·v = −1: normal equations [[Σuu, Σuv], [Σuv, Σvv]] (D, E) = −(Σu, Σv)
-        suu, suv, svv, su, sv = total(u * u, w), total(u * v, w), total(v * v, w), total(u, w), total(v, w)
-        det = suu * svv - suv * suv
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return -(svv * su - suv * sv) / det, -(suu * sv - suv * su) / det, det
-
-    w = np.ones_like(r)
-    d, e, det = circle(w)
-    if trim > 0 and len(ids):
-        with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d, e, det = conformal_circle(u, v, total)
+        if trim > 0 and len(ids):
             dist = np.abs(d[inv] * u + e[inv] * v + 1) / np.hypot(d, e)[inv] * r * r   # ≈ metres from the circle
-        dist = np.where(np.isfinite(dist), dist, 0.0)
-        order = np.lexsort((dist, inv))                                  # by track, then distance
-        start = np.concatenate([[0], np.cumsum(size)[:-1]])
-        median = dist[order[start + (size - 1) // 2]]
-        w = (dist <= trim * median[inv] + 1e-3).astype(np.float64)
-        w = np.where((np.bincount(inv, weights=w, minlength=len(ids)) < 3)[inv], 1.0, w)
-        d, e, det = circle(w)
-    used = np.bincount(inv, weights=w, minlength=len(ids))
+            dist = np.where(np.isfinite(dist), dist, 0.0)
+            order = np.lexsort((dist, inv))                                  # by track, then distance
+            start = np.concatenate([[0], np.cumsum(size)[:-1]])
+            median = dist[order[start + (size - 1) // 2]]
+            w = (dist <= trim * median[inv] + 1e-3).astype(np.float64)
+            w = np.where((np.bincount(inv, weights=w, minlength=len(ids)) < 3)[inv], 1.0, w)
+            d, e, det = conformal_circle(u, v, total)
+        fit = helix_parameters(d, e, r, phi, z, total, lambda g: g[inv])
     keep = size >= 3
-    cx, cy = -d / 2, -e / 2                                                     # the centre [m]
-    radius = np.hypot(cx, cy)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mean_x, mean_y = total(r * np.cos(phi), w) / used, total(r * np.sin(phi), w) / used
-        mean_z = total(z, w) / used
-    pt = _GEV_PER_TM * B_FIELD_T * field_ratio(mean_z * 1000.0) * radius
-    # the direction of flight near the origin points to the hits; the centre on its right: positive
-    turn = mean_x * cy - mean_y * cx
-    charge = np.where(turn < 0, 1.0, np.where(turn > 0, -1.0, np.nan))
-    tx, ty = -cy, cx                                                            # perpendicular to the centre
-    flip = tx * mean_x + ty * mean_y < 0
-    tx, ty = np.where(flip, -tx, tx), np.where(flip, -ty, ty)
-    track_phi = np.arctan2(ty, tx)
-    # z = z0 + cot θ · s, s the arc length from the origin
-    rr = radius[inv]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s = np.where(np.isfinite(rr), 2 * rr * np.arcsin(np.clip(r / (2 * rr), -1.0, 1.0)), r)
-        ss, sz, s1 = total(s * s, w), total(s * z, w), total(s, w)
-        cot = (used * sz - s1 * mean_z * used) / (used * ss - s1 * s1)
     bad = ~np.isfinite(det) | (det == 0)
-    return {"track": ids[keep].astype(np.int64), "pt": np.where(bad, np.nan, pt)[keep],
-            "charge": np.where(bad, np.nan, charge)[keep], "eta": np.arcsinh(cot)[keep],
-            "phi": np.where(bad, np.nan, track_phi)[keep]}
+    return {"track": ids[keep].astype(np.int64), "pt": np.where(bad, np.nan, fit["pt"])[keep],
+            "charge": np.where(bad, np.nan, fit["charge"])[keep], "eta": np.arcsinh(fit["cot"])[keep],
+            "phi": np.where(bad, np.nan, fit["phi"])[keep]}
 
 
 def _wrap(a: np.ndarray) -> np.ndarray:
