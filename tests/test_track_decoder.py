@@ -232,9 +232,9 @@ def _decoder(**kw) -> TrackDecoder:
     return TrackDecoder(dim=16, num_slots=5, heads=4, n_layers=2, **kw).double().eval()
 
 
-@pytest.mark.parametrize("attention_mask", [False, True])
-def test_batched_sectors_equal_sectors_run_one_at_a_time(attention_mask):
-    dec = _decoder(attention_mask=attention_mask)
+@pytest.mark.parametrize("attention_mask,seed_slots", [(False, False), (True, False), (True, True)])
+def test_batched_sectors_equal_sectors_run_one_at_a_time(attention_mask, seed_slots):
+    dec = _decoder(attention_mask=attention_mask, seed_slots=seed_slots)
     g = torch.Generator().manual_seed(1)
     hits = torch.randn(3, 12, 16, generator=g, dtype=torch.float64)
     mask = torch.ones(3, 12, dtype=torch.bool)
@@ -338,6 +338,26 @@ def test_labels_go_back_to_the_events_hits():
                      for s in range(2) for j in range(sec.index.shape[1])
                      if sec.mask[b * 2 + s, j] and int(sec.index[b * 2 + s, j]) == h]
             assert cands and int(out[b, h]) == max(cands)[1]
+
+
+def test_seeded_slots_start_from_hits_spread_over_the_sector():
+    dec = _decoder(seed_slots=True)
+    mask = torch.zeros(3, 12, dtype=torch.bool)
+    mask[0], mask[1, :10], mask[2, :2] = True, True, True
+    # 5 slots: positions floor((2m + 1) n / 10) of the n real hits
+    assert dec.seed_index(mask).tolist() == [[1, 3, 6, 8, 10], [1, 3, 5, 7, 9], [0, 0, 1, 1, 1]]
+    g = torch.Generator().manual_seed(2)
+    hits = torch.randn(3, 12, 16, generator=g, dtype=torch.float64)
+    seen = []
+    hook = dec.layers[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    with torch.no_grad():
+        dec(hits, mask)
+        normed = dec.hit_norm(hits)
+        want = dec.slots + dec.seed_proj(torch.stack([normed[s, dec.seed_index(mask)[s]] for s in range(3)]))
+    hook.remove()
+    torch.testing.assert_close(seen[0], want)            # each slot: its bank vector + its seed hit, padding unused
+    with pytest.raises(ValueError, match="seed_slots"):
+        TrackDecoder(dim=16, num_slots=4, heads=4, seed_slots=1)
 
 
 def test_decoder_arguments_are_checked():

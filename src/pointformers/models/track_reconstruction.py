@@ -103,6 +103,8 @@ class TrackReconstructor(nn.Module):
         merge_radius: at inference, a track whose mean embedding lies within this (Euclidean) radius of a
             larger track's joins the nearest such track (0: off; beyond the published design: it joins the
             pieces of a particle that two slots split).
+        seed_slots: each slot starts from a seed hit of its sector as well as its bank vector (the decoder's
+            ``seed_slots``, :class:`~pointformers.nn.track_decoder.TrackDecoder`; beyond the published design).
         param_fit: the track parameters of a slot that claims at least :data:`FIT_MIN_HITS` hits (each hit's best
             slot, at a score of at least ``threshold``) are the closed-form helix fit of those hits
             (:func:`slot_helix_fit`, no gradient); the head gives the others and is trained on them. ``x`` must
@@ -129,7 +131,7 @@ class TrackReconstructor(nn.Module):
                  threshold: float = 0.5, phi_column: int = 1, encoder_options: Optional[dict] = None,
                  stitch_min_hits: int = 0, sector_frame: bool = False, eta_column: int = 0,
                  frame_columns: Sequence[int] = (),
-                 merge_max_hits: int = 2, merge_radius: float = 0.0, param_fit: bool = True):
+                 merge_max_hits: int = 2, merge_radius: float = 0.0, param_fit: bool = True, seed_slots: bool = False):
         super().__init__()
         if not isinstance(param_fit, bool):
             raise ValueError(f"param_fit: expected true or false, got {param_fit!r}")
@@ -174,7 +176,8 @@ class TrackReconstructor(nn.Module):
         self.embed_head = nn.Linear(dim, embed_dim)
         self.hit_head = nn.Linear(dim, 1)
         self.decoder = TrackDecoder(dim, num_slots, heads=decoder_heads, n_layers=decoder_layers, dropout=dropout,
-                                    attention_mask=attention_mask, pos_dim=3 + len(self.frame_columns) if sector_frame else 0)
+                                    attention_mask=attention_mask, pos_dim=3 + len(self.frame_columns) if sector_frame else 0,
+                                    seed_slots=seed_slots)
         self.param_fit = param_fit
         self.param_head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, len(TRACK_PARAMS)))
 

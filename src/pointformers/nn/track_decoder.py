@@ -207,6 +207,11 @@ class TrackDecoder(nn.Module):
             sector's frame, :func:`sector_frame`), embedded by a small MLP and added to the keys of every
             cross-attention (DETR's positional encoding of the keys; the values and the assignment heads read
             the hit features alone), so that slots shared by all sectors can learn where to look. 0: none.
+        seed_slots: each slot starts as its bank vector plus a projection of one seed hit of its sector (its
+            normed feature, plus its embedded position with ``pos_dim``): slot ``m`` of ``M`` takes the real hit
+            at position ⌊(2m + 1)·n / 2M⌋ of the sector's ``n`` real hits, in the sector's row order (φ order
+            for :func:`phi_sectors`), so the seeds spread over the sector. Beyond the published design (DETR's
+            learned queries alone; anchor- and query-selection variants of DETR converge in far fewer steps).
 
     Shapes: ``forward(hits (S, n, dim), mask (S, n) bool, pos (S, n, pos_dim) | None)`` returns a list of ``n_layers``
     :class:`DecoderOutput` (one per layer, the last is the prediction); ``last_only=True`` returns the
@@ -215,8 +220,11 @@ class TrackDecoder(nn.Module):
     """
 
     def __init__(self, dim: int, num_slots: int, heads: int = 8, n_layers: int = 2, hidden: Optional[int] = None,
-                 dropout: float = 0.0, attention_mask: bool = False, mask_threshold: float = 0.5, pos_dim: int = 0):
+                 dropout: float = 0.0, attention_mask: bool = False, mask_threshold: float = 0.5, pos_dim: int = 0,
+                 seed_slots: bool = False):
         super().__init__()
+        if not isinstance(seed_slots, bool):
+            raise ValueError(f"TrackDecoder: seed_slots must be true or false, got {seed_slots!r}")
         for name, v, lo in (("dim", dim, 1), ("num_slots", num_slots, 1), ("heads", heads, 1), ("n_layers", n_layers, 1),
                             ("pos_dim", pos_dim, 0)):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
@@ -239,6 +247,14 @@ class TrackDecoder(nn.Module):
         self.pos_dim = pos_dim
         self.pos_embed = (nn.Sequential(nn.Linear(pos_dim, dim), nn.GELU(), nn.Linear(dim, dim)) if pos_dim
                           else None)
+        self.seed_proj = nn.Linear(dim, dim) if seed_slots else None
+
+    def seed_index(self, mask: torch.Tensor) -> torch.Tensor:
+        """``(S, M)`` int64: the row of each slot's seed hit (``seed_slots``), ⌊(2m + 1)·n / 2M⌋ for the ``n``
+        real hits of each sector (rows 0 … n − 1: real hits come first; 0 in a sector without one)."""
+        n = mask.sum(1, keepdim=True)                                               # (S, 1)
+        m = torch.arange(self.num_slots, device=mask.device)[None]
+        return (2 * m + 1) * n // (2 * self.num_slots)
 
     def predict(self, slots: torch.Tensor, hits: torch.Tensor) -> DecoderOutput:
         """The heads on slots ``(S, M, dim)`` and normed hit features ``(S, n, dim)``."""
@@ -278,6 +294,10 @@ class TrackDecoder(nn.Module):
         hits = self.hit_norm(hits) * mask[..., None].to(hits.dtype)   # padding rows are zeros
         slots = self.slots[None].expand(hits.shape[0], -1, -1)
         hit_pos = None if self.pos_embed is None else self.pos_embed(pos.to(hits.dtype))
+        if self.seed_proj is not None:
+            seed_in = hits if hit_pos is None else hits + hit_pos * mask[..., None].to(hits.dtype)
+            idx = self.seed_index(mask)[..., None].expand(-1, -1, self.dim)
+            slots = slots + self.seed_proj(torch.gather(seed_in, 1, idx))
         prev = self.predict(slots, hits) if self.attention_mask else None
         outs = []
         for i, layer in enumerate(self.layers):
