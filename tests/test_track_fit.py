@@ -139,3 +139,25 @@ def test_the_slot_fit_s_refit_drops_a_few_hits_of_another_particle():
     assert trimmed["pt"][0, 0].item() == pytest.approx(want, rel=1e-9)
     assert trimmed["weight"][0, 0].item() == 8                          # the two stray hits left out
     assert abs(plain["pt"][0, 0].item() / want - 1) > 0.05
+
+
+def test_the_resolutions_use_the_particles_the_efficiency_counts():
+    # matched_track_truth: one track per double-majority matched particle that track_matching_report counts
+    # (selected, reconstructable and, on a phi-sector cloud, owned by it), never others
+    import dataclasses
+
+    import torch
+
+    from pointformers.data.tracking import generate_event, preset_params
+    from pointformers.tasks.tracking.training import matched_track_truth, prepare_tracking_clouds, track_matching_report
+
+    (cloud,) = prepare_tracking_clouds([generate_event(preset_params("small"), seed=3)], cache_dir=False)
+    pid = cloud.inputs.particle_id.numpy()
+    owned_particles = np.unique(pid[pid > 0])[::2]                        # every other particle owned
+    cloud = dataclasses.replace(cloud, sector_own=torch.as_tensor(np.isin(pid, owned_particles)))
+    labels = np.where(pid > 0, pid, -1)
+    labels[np.flatnonzero(pid > 0)[::7]] = -1                             # some hits left out
+    tracks, truth = matched_track_truth(labels, cloud, 0.9, 4.0)
+    report = track_matching_report([labels], [cloud], 0.9, 4.0)
+    assert len(tracks) == report["overall"]["matched_particles_dm"] > 10
+    assert np.isin(tracks, owned_particles).all() and (truth["pt"] >= 0.9).all()

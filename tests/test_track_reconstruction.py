@@ -217,6 +217,24 @@ def test_the_config_trains_through_the_cli_and_evaluate_reports_tracks(tmp_path,
     assert (tmp_path / "r.png").exists() == (row["param_tracks"] > 0)
     assert main(["evaluate", "--checkpoint", str(out / "best.pt"), "--split", "val", "--plot",
                  str(tmp_path / "v.png")]) == 2 and "--plot" in capsys.readouterr().err
+    # --set model.options.* reaches the model rebuilt from the checkpoint (its weights must still fit)
+    import argparse
+
+    from pointformers.cli import _config_for_checkpoint
+    from pointformers.engine import load_checkpoint
+    from pointformers.engine.config import ConfigError
+
+    ckpt = load_checkpoint(out / "best.pt")
+    args = argparse.Namespace(config=None, checkpoint=str(out / "best.pt"),
+                              set=["model.options.param_fit=false", "model.options.threshold=0.3"])
+    cfg = _config_for_checkpoint(args, ckpt)
+    assert ckpt["model_config"]["param_fit"] is False and ckpt["model_config"]["threshold"] == 0.3
+    assert cfg["model"]["options"]["threshold"] == 0.3
+    with pytest.raises(ConfigError, match="--set model.name"):
+        _config_for_checkpoint(argparse.Namespace(config=None, checkpoint=str(out / "best.pt"),
+                                                  set=["model.name=hept-tracking"]), load_checkpoint(out / "best.pt"))
+    assert main(["evaluate", "--checkpoint", str(out / "best.pt"), "--split", "val", "--set", "model.options.dim=8"]) != 0
+    assert "weights do not fit" in capsys.readouterr().err
 
 
 def test_task_losses_on_a_generated_cloud():

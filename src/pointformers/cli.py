@@ -218,19 +218,36 @@ def _start_run_files(out: Path, cfg: Mapping[str, Any], remove_old: bool) -> Non
 
 
 # ------------------------------------------------------------------------------ evaluate
-def _config_for_checkpoint(args: argparse.Namespace, ckpt: Mapping[str, Any]) -> dict[str, Any]:
+def _config_for_checkpoint(args: argparse.Namespace, ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The experiment config of a loaded checkpoint with ``--config`` / ``--set`` applied. The model is rebuilt
+    from the checkpoint's own ``model_config``, so the ``--set model.options.…`` overrides are copied into it
+    here (``ckpt`` is changed in place), e.g. a track-reconstruction model's ``threshold``; its weights must
+    still fit (an architecture option that changes them fails to load, by name)."""
     if args.config is not None:
-        return load_config(args.config, args.set)
-    stored = (ckpt.get("extra") or {}).get("config")
-    if isinstance(stored, Mapping):
-        return load_config(None, args.set, base=stored)
-    # a checkpoint without the experiment's config (older runs' last.pt): the run folder's config.yaml,
-    # never a default data set the model was not trained on
-    run_config = Path(args.checkpoint).parent / "config.yaml"
-    if run_config.is_file():
-        return load_config(run_config, args.set)
-    raise ConfigError(f"--config: {args.checkpoint} carries no experiment config and its folder has no "
-                      "config.yaml; pass --config FILE (the config it was trained with)")
+        cfg = load_config(args.config, args.set)
+    else:
+        stored = (ckpt.get("extra") or {}).get("config")
+        run_config = Path(args.checkpoint).parent / "config.yaml"
+        if isinstance(stored, Mapping):
+            cfg = load_config(None, args.set, base=stored)
+        elif run_config.is_file():
+            # a checkpoint without the experiment's config (older runs' last.pt): the run folder's config.yaml,
+            # never a default data set the model was not trained on
+            cfg = load_config(run_config, args.set)
+        else:
+            raise ConfigError(f"--config: {args.checkpoint} carries no experiment config and its folder has no "
+                              "config.yaml; pass --config FILE (the config it was trained with)")
+    options = cfg["model"]["options"]
+    for item in args.set or ():
+        key = item.split("=", 1)[0].strip()
+        if key == "model.name" or key == "model":
+            raise ConfigError(f"--set {key}: a checkpoint's model is {ckpt['model_name']!r}; it cannot be changed")
+        if key == "model.options":
+            ckpt["model_config"] = {**ckpt["model_config"], **options}
+        elif key.startswith("model.options."):
+            name = key[len("model.options."):].split(".", 1)[0]
+            ckpt["model_config"] = {**ckpt["model_config"], name: options[name]}
+    return cfg
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

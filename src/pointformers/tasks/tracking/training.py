@@ -455,9 +455,11 @@ class TrackingTask:
 
 def matched_track_truth(labels: np.ndarray, cloud: TrackingCloud, pt_min: float = 0.9,
                         eta_max: float = 4.0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The double-majority matched tracks of selected particles (pT ≥ ``pt_min``, |η| < ``eta_max``) of one
-    cloud's track ``labels`` ``(n,)``, and their particles' truth: ``(tracks (t,) int64, {"pt", "eta", "phi",
-    "charge": (t,) float64})`` (momentum at production; NaN where the cloud does not carry φ or charge)."""
+    """The double-majority matched tracks of selected particles (pT ≥ ``pt_min``, |η| < ``eta_max``,
+    reconstructable and, on φ-sector clouds, owned by the cloud: the particles :func:`track_matching_report`
+    counts) of one cloud's track ``labels`` ``(n,)``, and their particles' truth: ``(tracks (t,) int64, {"pt",
+    "eta", "phi", "charge": (t,) float64})`` (momentum at production; NaN where the cloud does not carry φ or
+    charge)."""
     pid = cloud.inputs.particle_id.numpy()
     m = match_tracks(labels, pid)
     eta = cloud_particle_eta(cloud)
@@ -465,7 +467,9 @@ def matched_track_truth(labels: np.ndarray, cloud: TrackingCloud, pt_min: float 
     dm = np.flatnonzero(m.dm)
     hits = first[np.searchsorted(ids, m.particle_ids[m.majority[dm]])] if dm.size else np.zeros(0, np.int64)
     pt = cloud.inputs.pt.numpy().astype(np.float64)[hits]
-    sel = (pt >= pt_min) & (np.abs(eta[hits]) < eta_max)
+    sel = (pt >= pt_min) & (np.abs(eta[hits]) < eta_max) & cloud.inputs.reconstructable.numpy().astype(bool)[hits]
+    if cloud.sector_own is not None:
+        sel &= cloud.sector_own.numpy().astype(bool)[hits]
     hits = hits[sel]
 
     def per_hit(values) -> np.ndarray:
