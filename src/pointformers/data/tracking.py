@@ -99,7 +99,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import torch
 
 try:
     from scipy.spatial import cKDTree
@@ -110,6 +109,7 @@ except ModuleNotFoundError as exc:  # optional dependency: the 'tasks' extra
 from .cache import (cache_path, cached_arrays, default_cache_dir, finite_param, param_error, params_from_preset,
                     resolve_generator_params, save_arrays)
 from .event import CLUSTER_FEATURES, TrackingEvent, empty_event, pack_events, unpack_events
+from .helix import field_ratio
 from .trackml_weights import trackml_weights
 
 #: Bump when the generator's output for given parameters changes (invalidates caches).
@@ -172,18 +172,6 @@ class PixelGeometry:
 
 
 GEOMETRY = PixelGeometry()
-
-
-def field_ratio(z: np.ndarray) -> np.ndarray:
-    """Bz(z) / B0 of the TrackML solenoid: 1.002 − 0.03·z′ − z′²·(0.55 − 0.3·(1 − z′²)), z′ = z / 2750 mm
-    (z [mm]: array-like, or a tensor, which gives a tensor).
-
-    The field model of the challenge's 1st-place solution (top-quarks, ``src/density.hpp``),
-    which improved its score: 1.00 at z = 0, 0.99 at |z| = 455 mm (barrel end), 0.885 / 0.918 at
-    z = +1500 / −1500 mm. The field is taken along z only (Bx = By = 0).
-    """
-    zp = (z if isinstance(z, torch.Tensor) else np.asarray(z, np.float64)) / 2750.0
-    return 1.002 - 0.03 * zp - zp * zp * (0.55 - 0.3 * (1.0 - zp * zp))
 
 
 @functools.lru_cache(maxsize=1)
