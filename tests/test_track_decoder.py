@@ -358,6 +358,10 @@ def test_seeded_slots_start_from_hits_spread_over_the_sector():
     torch.testing.assert_close(seen[0], want)            # each slot: its bank vector + its seed hit, padding unused
     with pytest.raises(ValueError, match="seed_slots"):
         TrackDecoder(dim=16, num_slots=4, heads=4, seed_slots=1)
+    holes = torch.ones(3, 12, dtype=torch.bool)
+    holes[1, 4] = False
+    with pytest.raises(ValueError, match="real hits first"):
+        dec(hits, holes)
 
 
 def test_decoder_arguments_are_checked():

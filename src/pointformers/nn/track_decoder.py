@@ -295,6 +295,10 @@ class TrackDecoder(nn.Module):
         slots = self.slots[None].expand(hits.shape[0], -1, -1)
         hit_pos = None if self.pos_embed is None else self.pos_embed(pos.to(hits.dtype))
         if self.seed_proj is not None:
+            # checked where looking costs no device sync (as _allowed); phi_sectors always puts real hits first
+            if mask.device.type == "cpu" and not is_tracing() and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+                raise ValueError("TrackDecoder: seed_slots needs each sector's real hits first (mask True, then "
+                                 "padding), as phi_sectors cuts them")
             seed_in = hits if hit_pos is None else hits + hit_pos * mask[..., None].to(hits.dtype)
             idx = self.seed_index(mask)[..., None].expand(-1, -1, self.dim)
             slots = slots + self.seed_proj(torch.gather(seed_in, 1, idx))
