@@ -129,11 +129,12 @@ def sigmoid_focal(logits: torch.Tensor, targets: torch.Tensor, alpha: float = 0.
 
 def _focal_both(logits: torch.Tensor, p: torch.Tensor, alpha: float, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`sigmoid_focal` of every logit against target 1 and against target 0, ``p = σ(logits)`` given:
-    ``−α (1−p)^γ log p`` and ``−(1−α) p^γ log(1−p)``, with two log-sigmoids (a pair of costs per slot and hit
-    is the matcher's largest elementwise work; γ = 2 squares instead of a power)."""
+    ``−α (1−p)^γ log p`` and ``−(1−α) p^γ log(1−p)``, with one log-sigmoid (log(1 − p) = log p − logits; a pair
+    of costs per slot and hit is the matcher's largest elementwise work; γ = 2 squares instead of a power)."""
     q = 1 - p
     qg, pg = (q * q, p * p) if gamma == 2.0 else (q ** gamma, p ** gamma)
-    return -alpha * qg * F.logsigmoid(logits), -(1 - alpha) * pg * F.logsigmoid(-logits)
+    log_p = F.logsigmoid(logits)
+    return -alpha * qg * log_p, -(1 - alpha) * pg * (log_p - logits)      # log(1 − p) = log p − logits
 
 
 def _dice(overlap: torch.Tensor, p_sum: torch.Tensor, t_sum: torch.Tensor) -> torch.Tensor:
@@ -149,7 +150,8 @@ def dice_loss(probs: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor) 
 
 def pair_costs(object_logits: torch.Tensor, assign_logits: torch.Tensor, hit_mask: torch.Tensor,
                target_masks: torch.Tensor, weights: SetCriterionWeights = SetCriterionWeights()) -> torch.Tensor:
-    """The matching cost of every (slot, target) pair of one sector, ``(M, T)`` float (no gradient).
+    """The matching cost of every (slot, target) pair of one sector, ``(M, T)`` in the predictions' dtype (at
+    least float32; no gradient).
 
     Args:
         object_logits: ``(M,)``; assign_logits: ``(M, n)``; hit_mask: ``(n,)`` bool;
@@ -157,17 +159,22 @@ def pair_costs(object_logits: torch.Tensor, assign_logits: torch.Tensor, hit_mas
     """
     _check_pred(object_logits, assign_logits, hit_mask, target_masks)
     with torch.no_grad():
-        x = assign_logits.double()
-        w = hit_mask.double()
-        t = target_masks.double()
+        # in the predictions' precision, at least float32: the costs only rank pairs, and float64 for float32
+        # predictions doubles the elementwise work, the matcher's largest
+        dt = torch.promote_types(assign_logits.dtype, torch.float32)
+        x = assign_logits.to(dt)
+        w = hit_mask.to(dt)
+        t = target_masks.to(dt)
         n_real = w.sum().clamp_min(1.0)
-        # focal(i, j) = Σ_h w_h [pos_ih t_jh + neg_ih (1 − t_jh)] / n_real: two matrix products, no (M, T, n) tensor
+        # focal(i, j) = Σ_h w_h [pos_ih t_jh + neg_ih (1 − t_jh)] / n_real = (Σ_h w_h (pos − neg)_ih t_jh + Σ_h w_h
+        # neg_ih) / n_real, and the dice overlap Σ_h w_h p_ih t_jh: one matrix product for both, no (M, T, n) tensor
         p = torch.sigmoid(x)
         pos, neg = _focal_both(x, p, weights.alpha, weights.gamma)
-        pos, neg, p = pos * w, neg * w, p * w
-        focal = (pos @ t.T + neg @ (1 - t).T) / n_real
-        dice = _dice(p @ t.T, p.sum(-1)[:, None], (t * w).sum(-1)[None, :])
-        cls = -torch.sigmoid(object_logits.double())[:, None]
+        m = x.shape[0]
+        both = torch.cat([(pos - neg) * w, p * w]) @ t.T                         # (2M, T)
+        focal = (both[:m] + (neg * w).sum(-1)[:, None]) / n_real
+        dice = _dice(both[m:], (p * w).sum(-1)[:, None], (t * w).sum(-1)[None, :])
+        cls = -torch.sigmoid(object_logits.to(dt))[:, None]
         return weights.cls * cls + weights.focal * focal + weights.dice * dice
 
 
