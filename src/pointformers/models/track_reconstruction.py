@@ -229,11 +229,10 @@ class TrackReconstructor(nn.Module):
         σ(object)·σ(assignment), at a score of at least ``threshold``; :func:`slot_helix_fit`, no gradient), from
         the tracking inputs ``x`` ``(B, N, in_dim)``: ``fitted`` ``(S, M)`` bool and the parameters ``(S, M, 5)``
         as :data:`TRACK_PARAMS` (the charge logit ±1; 0 where not fitted)."""
-        score = torch.sigmoid(stage.object_logits.detach())[..., None] * torch.sigmoid(stage.assign_logits.detach())
-        best, slot = score.max(1)                                                      # (S, L)
+        with torch.no_grad():
+            labels, _ = assign_hits(stage, sectors.mask, self.threshold)               # (S, L), −1: unclaimed
         hits = gather_sectors(x[..., list(FIT_COLUMNS)].detach(), sectors)
-        claimed = sectors.mask & (best >= self.threshold)
-        fit = slot_helix_fit(hits, slot, claimed.to(hits.dtype), self.num_slots, FIT_TRIM)
+        fit = slot_helix_fit(hits, labels.clamp(min=0), (labels >= 0).to(hits.dtype), self.num_slots, FIT_TRIM)
         ok = fit["fitted"]
         cols = torch.stack([fit["pt"].log(), fit["charge"], torch.asinh(fit["cot"]), torch.cos(fit["phi"]),
                             torch.sin(fit["phi"])], -1)
@@ -304,15 +303,17 @@ def slot_helix_fit(hits: torch.Tensor, slot: torch.Tensor, weight: torch.Tensor,
     def total(a: torch.Tensor) -> torch.Tensor:
         return torch.zeros(slot.shape[0], num_slots, dtype=torch.float64, device=h.device).scatter_add(1, slot, a * w)
 
+    def at(g: torch.Tensor) -> torch.Tensor:   # a per-slot value at each hit
+        return g.gather(1, slot)
+
     d, e, det = conformal_circle(u, v, total)
     if trim > 0:
-        at = lambda g: g.gather(1, slot)
         dist = (at(d) * u + at(e) * v + 1).abs() / at(torch.hypot(d, e)) * r * r   # ≈ metres from the circle
         dist = torch.where(torch.isfinite(dist), dist, torch.zeros_like(dist))
         scale = total(dist) / total(torch.ones_like(dist))
         w = w * (dist <= trim * at(scale) + 1e-3)
         d, e, det = conformal_circle(u, v, total)
-    fit = helix_parameters(d, e, r, phi, z, total, lambda g: g.gather(1, slot))
+    fit = helix_parameters(d, e, r, phi, z, total, at)
     fit["fitted"] = ((fit["weight"] >= FIT_MIN_HITS) & (det > 0) & torch.isfinite(fit["pt"])
                      & torch.isfinite(fit["cot"]) & torch.isfinite(fit["charge"]) & torch.isfinite(fit["phi"]))
     return fit
