@@ -149,3 +149,39 @@ def test_comparison_on_several_seeds_runs_each_seed_as_its_own_run(tmp_path):
     assert alone[0]["seed"] == 4 and alone[0]["ap@k"] == rows[1]["ap@k"]   # the seed is the run's train.seed
     with pytest.raises(ValueError, match="seeds"):
         compare_configs(["configs/tracking-hept-small.yaml"], seeds=[1, 1], **common)
+
+
+def test_comparison_trained_in_pieces_is_written_by_one_call_that_reuses_them(tmp_path):
+    """--reuse: rows recorded by earlier calls (other processes or sessions) are taken when their resolved
+    config equals the run's, nothing is trained again, and every timing column is measured again here;
+    a row trained with another config, or one that does not record its config, is refused by name."""
+    import json
+
+    from pointformers.bench.hep_comparison import compare_configs
+
+    configs = ["configs/tracking-hept-small.yaml", "configs/tracking-performer-small.yaml"]
+    common = dict(preset="tiny", epochs=1, overrides=[f"data.cache_dir={tmp_path / 'cache'}", "model.options.n_layers=1"],
+                  repeats=1, max_timing_events=1, log=None)
+    first = compare_configs(configs[:1], out_dir=tmp_path / "a", **common)
+    second = compare_configs(configs[1:], out_dir=tmp_path / "b", **common)
+    files = [tmp_path / "a" / "results-tiny.json", tmp_path / "b" / "results-tiny.json"]
+    doc = tmp_path / "doc.md"
+    both = compare_configs(configs, out_dir=tmp_path / "c", reuse=files, doc=str(doc), command="CMD", **common)
+    assert not [p for p in (tmp_path / "c").iterdir() if p.is_dir()]  # nothing trained
+    for alone, joined in zip(first + second, both):
+        assert joined["ap@k"] == alone["ap@k"] and joined["train_s"] == alone["train_s"]
+        assert joined["timing"] == "retimed" and joined["infer_ms"] > 0 and joined["machine"]
+    assert "Timing columns:" in doc.read_text() and "| HEPT |" in doc.read_text()
+    assert [r["model"] for r in json.loads((tmp_path / "c" / "results-tiny.json").read_text())["rows"]] == \
+        ["HEPT", "performer"]
+    changed = {**common, "overrides": [*common["overrides"], "model.options.block_size=50"]}
+    with pytest.raises(ValueError, match="different config .*model"):
+        compare_configs(configs[:1], out_dir=tmp_path / "d", reuse=files[:1], **changed)
+    old = json.loads(files[0].read_text())
+    del old["rows"][0]["run_config"]
+    files[0].write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="does not record its config"):
+        compare_configs(configs[:1], out_dir=tmp_path / "d", reuse=files[:1], **common)
+    files[1].write_text("{")
+    with pytest.raises(ValueError, match="reuse: .* not a readable"):
+        compare_configs(configs[1:], out_dir=tmp_path / "d", reuse=files[1:], **common)

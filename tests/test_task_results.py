@@ -73,9 +73,11 @@ def test_bad_arguments_are_named(tmp_path):
 
 
 def test_the_recorded_command_is_the_training_one():
-    assert tr._without_reuse(["--configs", "a.yaml", "--reuse", "x.json", "y.json", "--out", "O"]) == \
+    from pointformers.bench.harness import without_bookkeeping
+
+    assert without_bookkeeping(["--configs", "a.yaml", "--reuse", "x.json", "y.json", "--out", "O"]) == \
         ["--configs", "a.yaml", "--out", "O"]
-    assert tr._without_reuse(["--reuse=x.json", "--write", "d.md"]) == ["--write", "d.md"]
+    assert without_bookkeeping(["--reuse=x.json", "--write", "d.md", "--resume", "--overwrite"]) == ["--write", "d.md"]
 
 
 def test_resume_scores_finished_runs_and_a_new_run_never_replaces_one(tmp_path):

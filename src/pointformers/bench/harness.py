@@ -237,6 +237,23 @@ def recorded_command(module: str, argv, hide=None) -> str:
     return " ".join(["python", "-m", module] + [shlex.quote(t) for t in out])
 
 
+def without_bookkeeping(argv) -> list:
+    """``argv`` without the options that change no result -- ``--resume``, ``--overwrite`` and ``--reuse``
+    with its files --, so a document records the command that computes its rows from scratch."""
+    out, skipping = [], False
+    for a in argv:
+        if a in ("--resume", "--overwrite"):
+            continue
+        if a == "--reuse" or a.startswith("--reuse="):
+            skipping = a == "--reuse"
+            continue
+        if skipping and not a.startswith("--"):
+            continue
+        skipping = False
+        out.append(a)
+    return out
+
+
 @contextlib.contextmanager
 def _folder_lock(folder: str):
     """An exclusive advisory lock on ``folder`` (flock on the directory itself: no lock file left

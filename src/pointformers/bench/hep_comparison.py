@@ -14,7 +14,11 @@ and the exact command that produced it:
   table shows mean ± std over seeds. It also checks HEPT's Table 1 ordering (HEPT's AP@k above
   every other efficient transformer) and Table 3 ordering (HEPT > OR & AND tied > OR-only tied >
   the untied variants) on the numbers it measured, by the seeds' rule of :mod:`.seed_rule` (on at
-  least three seeds a comparison holds only beyond the seeds' spread; fewer: undecided).
+  least three seeds a comparison holds only beyond the seeds' spread; fewer: undecided). Its
+  ``results-<preset>.json`` (rewritten after every run) can be given to a later comparison with
+  ``--reuse``: runs recorded there with the same resolved config are taken instead of trained, and the
+  timing columns are then measured again side by side in that process (``--retime``), so a comparison
+  may be trained in pieces -- several processes, sessions or machines -- and written by one command.
 * :func:`speed_comparison` -- one generated event of ``n_hits`` hits (60k by default, HEPT's
   Tracking-60k size) through HEPT and the kNN-graph GNNs in one process, repetitions interleaved
   round-robin so machine drift hits all models alike; reports median ms, peak memory and each
@@ -46,7 +50,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from .harness import machine, peak_bytes, recorded_command, release_free_memory, reset_peak_rss, rss_bytes, write_section
+from .harness import (machine, peak_bytes, recorded_command, release_free_memory, reset_peak_rss, rss_bytes,
+                      without_bookkeeping, write_section)
 from .seed_rule import MIN_SEEDS, compare, mean_std
 
 __all__ = ["compare_configs", "speed_comparison", "comparison_table", "speed_table", "check_orderings",
@@ -201,7 +206,8 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
                     max_timing_events: int = 10, overrides: Sequence[str] = (), doc: str | None = None,
                     command: str | None = None, progress: bool = False,
                     log: Callable[[str], None] | None = print, resume: bool = False,
-                    overwrite: bool = False, seeds: Sequence[int] | None = None) -> list[dict[str, Any]]:
+                    overwrite: bool = False, seeds: Sequence[int] | None = None,
+                    reuse: Sequence[str | os.PathLike] = (), retime: bool = False) -> list[dict[str, Any]]:
     """Train, evaluate and time every config on ``preset``; optionally write the table to ``doc``.
 
     Args:
@@ -224,6 +230,16 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
             Neither: a run folder that holds a run is refused (``RunFolderError``).
         seeds: train every config once per seed (``train.seed``; run folders
             ``<config stem>-<preset>-seed<seed>``); None: once, with the config's own seed.
+        reuse: ``results-<preset>.json`` files of earlier comparisons (other processes, sessions or
+            machines): a run whose resolved config (model, data, task and ``train`` sections, seed and
+            epochs included) equals a recorded row's is taken from it instead of trained; a row of the
+            same config file and seed recorded with a different config is refused (``ValueError``), so a
+            stale row never enters a table. Reusing implies ``retime``.
+        retime: measure the timing columns (``infer_ms``, ``peak_mb``) again at the end, one config
+            after another in this process, with freshly initialised weights of each config's model
+            (seeded; the models' cost does not depend on their weights: fixed-size LSH blocks, samples,
+            feature maps and kNN graphs), so rows trained in different processes or on different
+            machines get timings measured side by side on one machine.
     Returns:
         One dict per config and seed: ``config, model, seed, params, metric`` and the test metrics (``ap@k``,
         ``trackml_score``, ``dbscan_eps``... for tracking), ``infer_ms``, ``peak_mb``,
@@ -252,14 +268,30 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
     presets = {c["data"]["preset"] for _, c, _ in runs}
     tag = preset if preset is not None else "+".join(sorted(presets))
 
+    earlier = _reused_rows(reuse)
+    retime = retime or bool(reuse)
+    from ..engine import write_json
+
     rows: list[dict[str, Any]] = []
     cache: dict[str, tuple] = {}  # data/task sections -> (task, samples, metric): prepared once
-    for path, cfg, seed in runs:
+
+    def data_of(cfg: Mapping[str, Any]) -> tuple:
         key = repr((sorted(cfg["data"].items()), sorted(cfg["task"].items())))
         if key not in cache:
             say(f"data: preset {cfg['data']['preset']!r}, task {cfg['task'].get('name', 'tracking')!r}")
             cache[key] = _task_and_samples(cfg, progress)
-        task, samples, metric = cache[key]
+        return cache[key]
+
+    results_file = Path(out_dir) / f"results-{tag}.json"
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    for path, cfg, seed in runs:
+        recorded = _matching_row(earlier, path, cfg)
+        if recorded is not None:
+            rows.append(recorded)
+            say(f"[{len(rows)}/{len(runs)}] {recorded['model']} ({path}, seed {cfg['train']['seed']}): reused "
+                f"({recorded['metric']} {recorded.get(recorded['metric'], float('nan')):.4f})")
+            continue
+        task, samples, metric = data_of(cfg)
         torch.manual_seed(cfg["train"]["seed"])
         model = models.build(cfg["model"]["name"], **cfg["model"]["options"])
         label = model_label(cfg)
@@ -285,7 +317,8 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
                "options": cfg["model"]["options"], "params": _count_params(model), "metric": metric,
                **{k: float(v) for k, v in test.items()},
                **_inference_stats(model, samples["test"], dev, repeats, max_timing_events),
-               "train_s": train_s, "epochs": tcfg.epochs, "best_epoch": res.best_epoch, "preset": cfg["data"]["preset"]}
+               "train_s": train_s, "epochs": tcfg.epochs, "best_epoch": res.best_epoch, "preset": cfg["data"]["preset"],
+               "machine": machine(), "run_config": _run_config(cfg)}
         if getattr(task, "track_report", None) is not None:  # the track-matching tables (against pT and η)
             row["track_report"] = task.track_report
             task.track_report = None
@@ -295,26 +328,92 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
             + (f" (eps {row['dbscan_eps']:.3g})" if "dbscan_eps" in row else "")
             + f", {row['infer_ms']:.1f} ms/event, peak {row['peak_mb']:.0f} MB, trained in {train_s:.0f} s")
         del model
+        # after every run, so a comparison cut short keeps (and can --reuse) the runs it finished
+        write_json(results_file, {"machine": machine(), "device": str(dev), "rows": rows})
 
-    from ..engine import write_json
-
+    if retime:
+        _retime(rows, [cfg for _, cfg, _ in runs], data_of, dev, repeats, max_timing_events, say)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    write_json(Path(out_dir) / f"results-{tag}.json", {"machine": machine(), "device": str(dev), "rows": rows})
+    write_json(results_file, {"machine": machine(), "device": str(dev), "rows": rows})
     checks = check_orderings(rows)
     for c in checks:
         say(c)
     if doc is not None:
         # --resume changes no result: the recorded command is the one that reproduces the table
-        cmd = command or recorded_command("pointformers.bench.hep_comparison",
-                                          [a for a in sys.argv[1:] if a not in ("--resume", "--overwrite")])
+        cmd = command or recorded_command("pointformers.bench.hep_comparison", without_bookkeeping(sys.argv[1:]))
         seeded = (f" once per seed ({', '.join(map(str, seeds))}; mean ± std over seeds, claims by the seeds' rule of "
                   "`pointformers.bench.seed_rule`)" if seeds else "")
-        text = (f"Machine: {machine()}; device {dev}. Data preset `{tag}`; test split; every model trained with "
+        trained_on = sorted({r.get("machine") or "not recorded" for r in rows})
+        where = (f"Machine: {machine()}; device {dev}." if not retime else
+                 f"Timing columns: {machine()}; device {dev}; measured one config after another in one process "
+                 f"with freshly initialised weights. Training (accuracy and train s columns): "
+                 f"{'; '.join(trained_on)}.")
+        text = (f"{where} Data preset `{tag}`; test split; every model trained with "
                 f"its config's `train` section{f' for {epochs} epochs' if epochs is not None else ''}{seeded}.\n\n"
                 + comparison_table(rows) + ("\n\n" + "\n".join(f"- {c}" for c in checks) if checks else ""))
         _write_doc(doc, f"hep-comparison-{tag}", text, cmd)
         say(f"wrote section hep-comparison-{tag} of {doc}")
     return rows
+
+
+def _run_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The sections of a resolved config that decide a run's result, JSON-normalised (tuples as lists)."""
+    import json
+
+    return json.loads(json.dumps({k: cfg[k] for k in ("model", "data", "task", "train") if k in cfg}, default=str))
+
+
+def _reused_rows(files: Sequence[str | os.PathLike]) -> dict[tuple[str, int], tuple[dict[str, Any], str]]:
+    """Rows of earlier ``results-<preset>.json`` files by (config file name, seed) -> (row, file)."""
+    import json
+
+    out: dict[tuple[str, int], tuple[dict[str, Any], str]] = {}
+    for f in files:
+        try:
+            rows = json.loads(Path(f).read_text())["rows"]
+            for r in rows:
+                out[(Path(r["config"]).name, int(r["seed"]))] = (r, str(f))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"reuse: {str(f)!r} is not a readable hep_comparison results JSON ({exc})") from None
+    return out
+
+
+def _matching_row(earlier: Mapping[tuple[str, int], tuple[dict[str, Any], str]], path: str,
+                  cfg: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The recorded row of this run (config file name and seed), if its recorded config equals ``cfg``."""
+    hit = earlier.get((Path(path).name, int(cfg["train"]["seed"])))
+    if hit is None:
+        return None
+    row, f = hit
+    want = _run_config(cfg)
+    if row.get("run_config") is None:
+        raise ValueError(f"reuse: the row of {Path(path).name} seed {cfg['train']['seed']} in {f!r} does not record "
+                         "its config (written before run configs were recorded); train it again")
+    if row["run_config"] != want:
+        diff = sorted(k for k in want if row["run_config"].get(k) != want[k])
+        raise ValueError(f"reuse: the row of {Path(path).name} seed {cfg['train']['seed']} in {f!r} was trained with "
+                         f"a different config (sections {', '.join(diff)} differ): train it again or drop the file")
+    return dict(row)
+
+
+def _retime(rows: list[dict[str, Any]], cfgs: Sequence[Mapping[str, Any]], data_of: Callable, device: torch.device,
+            repeats: int, max_events: int, say: Callable[[str], None]) -> None:
+    """Timing columns of every row measured again in this process, one config (model + data) at a time,
+    with freshly initialised weights (seed 0); rows of one config (its seeds) share the measurement."""
+    from .. import models
+
+    done: dict[str, dict[str, float]] = {}
+    for row, cfg in zip(rows, cfgs):
+        key = repr((row["model_name"], row["options"], sorted(cfg["data"].items())))
+        if key not in done:
+            _, samples, _ = data_of(cfg)
+            torch.manual_seed(0)
+            model = models.build(row["model_name"], **row["options"]).to(device)
+            done[key] = _inference_stats(model, samples["test"], device, repeats, max_events)
+            say(f"timed {row['model']} ({Path(row['config']).name}): {done[key]['infer_ms']:.1f} ms/event, "
+                f"peak {done[key]['peak_mb']:.0f} MB")
+            del model
+        row.update(done[key], timing="retimed")
 
 
 def _write_doc(doc: str, section: str, text: str, command: str) -> None:
@@ -545,6 +644,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--overwrite", action="store_true", help="replace the runs already in --out")
     c.add_argument("--seeds", type=int, nargs="+", default=None,
                    help="train every config once per seed (default: once, with its train.seed)")
+    c.add_argument("--reuse", nargs="+", default=[], metavar="JSON",
+                   help="results-<preset>.json of earlier comparisons: runs recorded there with the same config "
+                        "are taken, not trained (implies --retime)")
+    c.add_argument("--retime", action="store_true",
+                   help="measure every config's inference time and memory again at the end, side by side in "
+                        "this process (freshly initialised weights)")
     s = sub.add_parser("speed", help="HEPT vs the kNN-graph GNNs on one large event")
     s.add_argument("--hits", type=int, default=60000)
     s.add_argument("--configs", nargs="+", default=list(DEFAULT_SPEED_CONFIGS))
@@ -557,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.cmd == "compare":
             compare_configs(a.configs, a.preset, a.epochs, a.out, a.device, a.repeats, a.timing_events, a.set,
                             a.write, progress=sys.stderr.isatty(), resume=a.resume, overwrite=a.overwrite,
-                            seeds=a.seeds)
+                            seeds=a.seeds, reuse=a.reuse, retime=a.retime)
         else:
             speed_comparison(a.hits, a.configs, a.repeats, a.device, a.seed, a.write)
     except ValueError as exc:

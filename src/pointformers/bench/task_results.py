@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .harness import machine, recorded_command, write_section
+from .harness import machine, recorded_command, without_bookkeeping, write_section
 from .seed_rule import MIN_SEEDS, compare, mean_std, spread
 
 __all__ = ["PAPER_NOTES", "run_configs", "task_markdown", "task_claims", "run_task_results", "main"]
@@ -184,23 +184,6 @@ def task_claims(rows: Sequence[dict], baseline: str | None, reference: str | Non
     return out
 
 
-def _without_reuse(argv: Sequence[str]) -> list[str]:
-    """``argv`` without ``--reuse`` and its files and ``--resume``: neither changes a result, so the section
-    records the command that trains the rows."""
-    out, skipping = [], False
-    for a in argv:
-        if a == "--resume":
-            continue
-        if a == "--reuse" or a.startswith("--reuse="):
-            skipping = a == "--reuse"
-            continue
-        if skipping and not a.startswith("--"):
-            continue
-        skipping = False
-        out.append(a)
-    return out
-
-
 def run_task_results(configs: Sequence[str], seeds: Sequence[int] = (42, 43, 44), overrides: Sequence[str] = (),
                      baseline: str | None = None, reference: str | None = None,
                      out_dir: str | os.PathLike = "runs/task-results", doc: str | None = None,
@@ -246,7 +229,7 @@ def run_task_results(configs: Sequence[str], seeds: Sequence[int] = (42, 43, 44)
     write_json(Path(out_dir) / f"task-results-{task}.json",
                {"machine": machine(), "task": task, "seeds": list(seeds), "rows": rows, "claims": claims})
     if doc is not None:
-        cmd = command or recorded_command("pointformers.bench.task_results", _without_reuse(sys.argv[1:]))
+        cmd = command or recorded_command("pointformers.bench.task_results", without_bookkeeping(sys.argv[1:]))
         if not os.path.exists(doc):
             Path(doc).parent.mkdir(parents=True, exist_ok=True)
             Path(doc).write_text("# Results\n")
