@@ -51,13 +51,16 @@ def test_runs_writes_the_section_and_reuses_its_rows(tmp_path):
     # a second run of another seed merged with the first by --reuse: three seeds, rows in the configs' order
     more = tr.run_task_results(configs, [2], over, out_dir=tmp_path / "more", log=None)
     assert len(more["rows"]) == 2
-    merged = tr.run_task_results(configs[::-1], [], reuse=[tmp_path / "runs" / "task-results-language-model.json",
-                                                          tmp_path / "more" / "task-results-language-model.json"],
+    files = [tmp_path / "runs" / "task-results-language-model.json", tmp_path / "more" / "task-results-language-model.json"]
+    merged = tr.run_task_results(configs[::-1], [], over, reuse=files,
                                  baseline="language-model-mlp", reference="language-model-full",
                                  out_dir=tmp_path / "merged", log=None)
     assert [r["seed"] for r in merged["rows"]] == [0, 1, 2, 0, 1, 2]
     assert merged["rows"][0]["stem"] == "language-model-mlp"
     assert not merged["claims"][0].startswith("UNDECIDED")
+    # rows trained with another config than the one named now (here: without the overrides) are refused
+    with pytest.raises(ValueError, match="different config .*data"):
+        tr.run_task_results(configs, [], reuse=files, out_dir=tmp_path / "stale", log=None)
 
 
 def test_bad_arguments_are_named(tmp_path):

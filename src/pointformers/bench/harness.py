@@ -237,6 +237,29 @@ def recorded_command(module: str, argv, hide=None) -> str:
     return " ".join(["python", "-m", module] + [shlex.quote(t) for t in out])
 
 
+def run_config_record(cfg) -> dict:
+    """The sections of a resolved config that decide a run's result (model, data, task, train),
+    JSON-normalised (tuples as lists), as a results file records them beside the run's row."""
+    import json
+
+    return json.loads(json.dumps({k: cfg[k] for k in ("model", "data", "task", "train") if k in cfg}, default=str))
+
+
+def check_recorded_config(row, cfg, name: str, source: str) -> None:
+    """Refuse (``ValueError``) a recorded row of run ``name`` (from file ``source``) whose recorded config
+    is missing or differs from ``cfg``, the config the run would be trained with now: a stale row never
+    enters a table."""
+    want = run_config_record(cfg)
+    got = row.get("run_config")
+    if got is None:
+        raise ValueError(f"reuse: the row of {name} in {source!r} does not record its config (written before "
+                         "run configs were recorded); train it again")
+    if got != want:
+        diff = sorted(k for k in set(want) | set(got) if got.get(k) != want.get(k))
+        raise ValueError(f"reuse: the row of {name} in {source!r} was trained with a different config (sections "
+                         f"{', '.join(diff)} differ): train it again or drop the file")
+
+
 def without_bookkeeping(argv) -> list:
     """``argv`` without the options that change no result -- ``--resume``, ``--overwrite`` and ``--reuse``
     with its files --, so a document records the command that computes its rows from scratch."""

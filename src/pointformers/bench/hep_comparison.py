@@ -50,8 +50,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from .harness import (machine, peak_bytes, recorded_command, release_free_memory, reset_peak_rss, rss_bytes,
-                      without_bookkeeping, write_section)
+from .harness import (check_recorded_config, machine, peak_bytes, recorded_command, release_free_memory,
+                      reset_peak_rss, rss_bytes, run_config_record, without_bookkeeping, write_section)
 from .seed_rule import MIN_SEEDS, compare, mean_std
 
 __all__ = ["compare_configs", "speed_comparison", "comparison_table", "speed_table", "check_orderings",
@@ -318,7 +318,7 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
                **{k: float(v) for k, v in test.items()},
                **_inference_stats(model, samples["test"], dev, repeats, max_timing_events),
                "train_s": train_s, "epochs": tcfg.epochs, "best_epoch": res.best_epoch, "preset": cfg["data"]["preset"],
-               "machine": machine(), "run_config": _run_config(cfg)}
+               "machine": machine(), "run_config": run_config_record(cfg)}
         if getattr(task, "track_report", None) is not None:  # the track-matching tables (against pT and η)
             row["track_report"] = task.track_report
             task.track_report = None
@@ -356,13 +356,6 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
     return rows
 
 
-def _run_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The sections of a resolved config that decide a run's result, JSON-normalised (tuples as lists)."""
-    import json
-
-    return json.loads(json.dumps({k: cfg[k] for k in ("model", "data", "task", "train") if k in cfg}, default=str))
-
-
 def _reused_rows(files: Sequence[str | os.PathLike]) -> dict[tuple[str, int], tuple[dict[str, Any], str]]:
     """Rows of earlier ``results-<preset>.json`` files by (config file name, seed) -> (row, file)."""
     import json
@@ -385,14 +378,7 @@ def _matching_row(earlier: Mapping[tuple[str, int], tuple[dict[str, Any], str]],
     if hit is None:
         return None
     row, f = hit
-    want = _run_config(cfg)
-    if row.get("run_config") is None:
-        raise ValueError(f"reuse: the row of {Path(path).name} seed {cfg['train']['seed']} in {f!r} does not record "
-                         "its config (written before run configs were recorded); train it again")
-    if row["run_config"] != want:
-        diff = sorted(k for k in want if row["run_config"].get(k) != want[k])
-        raise ValueError(f"reuse: the row of {Path(path).name} seed {cfg['train']['seed']} in {f!r} was trained with "
-                         f"a different config (sections {', '.join(diff)} differ): train it again or drop the file")
+    check_recorded_config(row, cfg, f"{Path(path).name} seed {cfg['train']['seed']}", f)
     return dict(row)
 
 

@@ -55,7 +55,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .harness import machine, measure, recorded_command, run_isolated, write_section
+from .harness import machine, measure, recorded_command, run_config_record, run_isolated, write_section
 from .seed_rule import MIN_SEEDS, compare, mean_std, spread, verdict
 
 __all__ = ["SHAPE_CONFIGS", "LISTOPS_CONFIGS", "MEMORY_CONFIG", "PRETRAIN_CONFIG", "FINETUNE_CONFIG", "TWINS",
@@ -155,7 +155,8 @@ def train_config(path: str, seed: int, overrides: Sequence[str] = (), out_dir: s
            "params": sum(p.numel() for p in model.parameters()), "metric": spec.metric,
            "test": {k: float(v) for k, v in test.items()},
            "test_rotated": None if rotated is None else {k: float(v) for k, v in rotated.items()},
-           "train_s": train_s, "best_epoch": res.best_epoch, "epochs": cfg["train"]["epochs"], "run": str(run_dir)}
+           "train_s": train_s, "best_epoch": res.best_epoch, "epochs": cfg["train"]["epochs"], "run": str(run_dir),
+           "machine": machine(), "run_config": run_config_record(cfg)}
     if log:
         extra = f", rotated {100 * rotated[spec.metric]:.1f}" if rotated else ""
         shown = f"{100 * test[spec.metric]:.1f}" if spec.mode == "max" else f"{test[spec.metric]:.4g}"

@@ -12,7 +12,8 @@ difference counts only beyond the seeds' spread):
 
 The paper's own numbers for the task (:data:`PAPER_NOTES`) are printed beside the table with what
 differs. ``--reuse`` merges the rows of earlier runs (e.g. configs or seeds trained in parallel
-processes) instead of training; ``--resume`` continues interrupted run folders in ``--out`` (a finished
+processes, sessions or machines) instead of training, refusing a row whose recorded config differs from the
+one its config file and ``--set`` give now; ``--resume`` continues interrupted run folders in ``--out`` (a finished
 one is only scored again). Neither changes a result, so the section records the command without them.
 
     python -m pointformers.bench.task_results --configs configs/language-model-{flt,performer,full,mlp}.yaml \\
@@ -30,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .harness import machine, recorded_command, without_bookkeeping, write_section
+from .harness import check_recorded_config, machine, recorded_command, without_bookkeeping, write_section
 from .seed_rule import MIN_SEEDS, compare, mean_std, spread
 
 __all__ = ["PAPER_NOTES", "run_configs", "task_markdown", "task_claims", "run_task_results", "main"]
@@ -197,12 +198,14 @@ def run_task_results(configs: Sequence[str], seeds: Sequence[int] = (42, 43, 44)
     say = log or (lambda s: None)
     if reuse:
         merged: dict[tuple, dict] = {}
+        source: dict[tuple, str] = {}
         seed_set: list[int] = []
         for f in reuse:
             try:
                 earlier = json.loads(Path(f).read_text())
                 for r in earlier["rows"]:
                     merged[(r["stem"], r["seed"])] = r
+                    source[(r["stem"], r["seed"])] = str(f)
                 seed_set += [s for s in earlier["seeds"] if s not in seed_set]
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"reuse: {str(f)!r} is not a readable task-results JSON ({exc})") from None
@@ -210,6 +213,10 @@ def run_task_results(configs: Sequence[str], seeds: Sequence[int] = (42, 43, 44)
         if configs:  # keep the configs named, in their order
             order = [_stem(c) for c in configs]
             rows = sorted((r for r in rows if r["stem"] in order), key=lambda r: (order.index(r["stem"]), r["seed"]))
+            for r in rows:  # a row trained with another config than the named one's (with --set) is refused
+                cfg = load_config(configs[order.index(r["stem"])],
+                                  [*overrides, f"train.seed={int(r['seed'])}", "train.progress=false"])
+                check_recorded_config(r, cfg, f"{r['stem']} seed {r['seed']}", source[(r["stem"], r["seed"])])
         if not rows:
             raise ValueError("reuse: no rows of the configs named")
         task = rows[0].get("task") or load_config(rows[0]["config"])["task"]["name"]
