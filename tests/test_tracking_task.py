@@ -309,6 +309,50 @@ def test_infonce_gradcheck():
         assert torch.autograd.gradcheck(lambda e: infonce_loss(e, pairs, similarity=sim, tau=0.5), (emb,))
 
 
+@pytest.mark.parametrize("similarity", ["l2_rbf", "paper"])
+def test_infonce_on_a_mirrored_list_in_chunks_equals_plain_autograd(similarity, monkeypatch):
+    """The training layout (each pair listed both ways, computed once) through several chunks of the
+    chunked pair logits: loss and gradient equal a plain autograd evaluation of the formula over the
+    full list, and the gradient passes gradcheck (a duplicate hit puts one pair at distance 0)."""
+    import pointformers.tasks.tracking.core as core
+
+    monkeypatch.setattr(core, "_PAIR_CHUNK", 7)
+    g = torch.Generator().manual_seed(3)
+    n = 30
+    pid = torch.randint(0, 6, (n,), generator=g)
+    a, b = torch.triu_indices(n, n, 1)
+    keep = torch.rand(a.shape[0], generator=g) < 0.4
+    half = torch.stack([a[keep], b[keep]])
+    ei = torch.cat([half, half.flip(0)], dim=1)
+    eligible = pid > 0
+    pos = (pid[ei[0]] == pid[ei[1]]) & eligible[ei[0]]
+    pairs = TrackingPairs(ei, pos, pid, eligible)
+    emb = torch.randn(n, 5, generator=g, dtype=torch.float64)
+    emb[1] = emb[0]
+    emb.requires_grad_(True)
+    tau, sigma = 0.3, 0.9
+
+    def plain(e):  # the formula over the full list, each row an anchor, autograd through everything
+        d = e[ei[0]] - e[ei[1]]
+        s = (torch.exp(-torch.linalg.vector_norm(d, dim=1) / (2 * sigma**2)) / tau if similarity == "l2_rbf"
+             else torch.exp(-(d * d).sum(1) / tau))
+        per = {}
+        for k in torch.nonzero(pos).squeeze(1).tolist():
+            negs = s[(ei[0] == ei[0, k]) & ~pos]
+            l = torch.logsumexp(torch.cat([s[k:k + 1], negs]), 0) - s[k]
+            per.setdefault(int(pid[ei[0, k]]), []).append(l)
+        return torch.stack([torch.stack(v).mean() for v in per.values()]).mean()
+
+    got = infonce_loss(emb, pairs, similarity=similarity, tau=tau, sigma=sigma)
+    want = plain(emb)
+    assert torch.allclose(got, want, rtol=1e-12)
+    g_got, = torch.autograd.grad(got, emb)
+    g_want, = torch.autograd.grad(want, emb)
+    assert torch.allclose(g_got, g_want, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda e: infonce_loss(e, pairs, similarity=similarity, tau=tau, sigma=sigma),
+                                    (emb,))
+
+
 def test_infonce_no_positive_pairs_is_zero_with_grad():
     pairs, _ = _hand_pairs()
     pairs = TrackingPairs(pairs.edge_index, torch.zeros_like(pairs.is_positive), pairs.particle_id, pairs.eligible)

@@ -50,6 +50,7 @@ __all__ = [
     "add_random_pairs",
     "draw_random_pairs",
     "infonce_loss",
+    "pair_logits",
     "tracking_metrics_at_k",
     "ap_at_k",
     "ap_at_k_split",
@@ -525,7 +526,7 @@ def infonce_loss(
     mathematically identical and stable for any τ. An anchor without negatives gives ℓ = 0.
     (The authors' scatter indexes the per-anchor sums by rank among anchors rather than by
     hit index, which is only equivalent when every hit has a negative; we implement the
-    intended per-hit sum.) Memory is O(E·d); nothing n × n is formed.
+    intended per-hit sum.) Memory is O(E) beyond ``emb`` (:func:`pair_logits`); nothing n × n is formed.
 
     If there is no positive pair, returns ``0 · Σ emb`` -- a zero that keeps ``emb`` in the
     graph (``grad_fn`` set, zero gradients) so a training step can run unconditionally.
@@ -561,48 +562,107 @@ def infonce_loss(
     if not bool(is_pos.any()):
         return emb.sum() * 0.0
 
-    u, v = ei
     # A mirrored list (second half = first half reversed, same labels: the layout of
-    # TrackingCloud.pairs() and TrackingTask.loss) has each distance twice; compute it once.
-    # index_select, unlike emb[u], back-propagates with a plain index_add.
+    # TrackingCloud.pairs() and TrackingTask.loss) has each distance twice: compute it once and let
+    # each pair of the half count for both of its hits as anchors.
     h = ei.shape[1] // 2
     mirrored = (ei.shape[1] == 2 * h and h > 0 and torch.equal(ei[0, h:], ei[1, :h])
                 and torch.equal(ei[1, h:], ei[0, :h]) and torch.equal(is_pos[h:], is_pos[:h]))
-    a, b = (u[:h], v[:h]) if mirrored else (u, v)
-    diff = emb.index_select(0, a) - emb.index_select(0, b)
-    if similarity == "l2_rbf":
-        logits = torch.exp(-torch.linalg.vector_norm(diff, dim=1) / (2.0 * sigma**2)) / tau
-    else:
-        logits = torch.exp(-(diff * diff).sum(dim=1) / tau)
-    if mirrored:
-        logits = torch.cat([logits, logits])
+    a, b = (ei[0, :h], ei[1, :h]) if mirrored else (ei[0], ei[1])
+    pos = is_pos[:h] if mirrored else is_pos
+    logits = pair_logits(emb, a, b, similarity, tau, sigma)
+    anchors = (a, b) if mirrored else (a,)  # the rows of the full list: (a -> b) and, mirrored, (b -> a)
 
     n = emb.shape[0]
-    neg = ~is_pos
-    u_neg, s_neg = u[neg], logits[neg]
+    neg = torch.nonzero(~pos).squeeze(1)
+    s_neg = logits.index_select(0, neg)
     # Per-anchor log-sum-exp of negative logits, shifted by the (constant) per-anchor max.
     shift = torch.full((n,), float("-inf"), dtype=logits.dtype, device=dev)
-    shift = shift.scatter_reduce(0, u_neg, s_neg.detach(), reduce="amax", include_self=True)
+    for an in anchors:
+        shift = shift.scatter_reduce(0, an.index_select(0, neg), s_neg.detach(), reduce="amax", include_self=True)
     has_neg = torch.isfinite(shift)
     shift = torch.where(has_neg, shift, torch.zeros_like(shift))
-    denom = torch.zeros(n, dtype=logits.dtype, device=dev).index_add(0, u_neg, torch.exp(s_neg - shift[u_neg]))
+    denom = torch.zeros(n, dtype=logits.dtype, device=dev)
+    for an in anchors:
+        u_neg = an.index_select(0, neg)
+        denom = denom.index_add(0, u_neg, torch.exp(s_neg - shift.index_select(0, u_neg)))
     lse_neg = torch.where(has_neg, torch.log(torch.where(has_neg, denom, torch.ones_like(denom))) + shift,
                           torch.full_like(denom, float("-inf")))
 
-    u_pos, s_pos = u[is_pos], logits[is_pos]
-    loss_pp = torch.logaddexp(s_pos, lse_neg[u_pos]) - s_pos  # −log(e⁺ / (e⁺ + Σ e⁻))
+    posi = torch.nonzero(pos).squeeze(1)
+    s_pos = logits.index_select(0, posi)
+    # −log(e⁺ / (e⁺ + Σ e⁻)) of each positive row; both hits of a positive pair are of one particle
+    loss_pp = torch.cat([torch.logaddexp(s_pos, lse_neg.index_select(0, an.index_select(0, posi))) - s_pos
+                         for an in anchors])
 
     # Mean per particle (of the anchor), then mean over particles.
-    _, grp = torch.unique(pairs.particle_id.to(dev)[u_pos], return_inverse=True)
+    pid_pos = pairs.particle_id.to(dev).index_select(0, a.index_select(0, posi))
+    _, grp = torch.unique(pid_pos, return_inverse=True)
+    grp = grp.repeat(len(anchors))
     n_grp = int(grp.max()) + 1
     sums = torch.zeros(n_grp, dtype=loss_pp.dtype, device=dev).index_add(0, grp, loss_pp)
     cnt = torch.bincount(grp, minlength=n_grp).to(loss_pp.dtype)
     return (sums / cnt).mean()
 
 
-# ----------------------------------------------------------------------------------------
-# Metric
-# ----------------------------------------------------------------------------------------
+#: Pairs per chunk of :func:`pair_logits` on a CPU, whose temporaries (pairs × d) then stay in its cache;
+#: on other devices chunks are 64 times larger (fewer kernel launches).
+_PAIR_CHUNK = 1 << 14
+
+
+def _pair_chunk(device: torch.device) -> int:
+    return _PAIR_CHUNK if device.type == "cpu" else 64 * _PAIR_CHUNK
+
+
+class _PairLogits(torch.autograd.Function):
+    """InfoNCE logits of hit pairs, chunked: neither the (E, d) differences nor their gradient is ever
+    materialised (the backward recomputes each chunk's differences and adds its gradient rows in place)."""
+
+    @staticmethod
+    def forward(ctx, emb, a, b, paper: bool, tau: float, sigma: float):
+        out = torch.empty(a.shape[0], dtype=emb.dtype, device=emb.device)
+        dist = torch.empty_like(out)
+        c = _pair_chunk(emb.device)
+        for i in range(0, a.shape[0], c):
+            diff = emb.index_select(0, a[i:i + c]) - emb.index_select(0, b[i:i + c])
+            if paper:
+                dist[i:i + c] = (diff * diff).sum(dim=1)  # squared distance
+            else:
+                torch.linalg.vector_norm(diff, dim=1, out=dist[i:i + c])
+        if paper:
+            torch.exp(-dist / tau, out=out)
+        else:
+            torch.exp(-dist / (2.0 * sigma**2), out=out).div_(tau)
+        ctx.save_for_backward(emb, a, b, out, dist)
+        ctx.paper, ctx.tau, ctx.sigma = paper, tau, sigma
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        emb, a, b, s, dist = ctx.saved_tensors
+        if ctx.paper:  # s = exp(−q/τ), q = ‖δ‖²: ∂s/∂δ = −(2s/τ)·δ
+            w = grad * s * (-2.0 / ctx.tau)
+        else:  # s = exp(−‖δ‖/(2σ²))/τ: ∂s/∂δ = −s/(2σ²)·δ/‖δ‖ (0 at δ = 0, as the norm's subgradient)
+            w = torch.where(dist > 0, grad * s * (-1.0 / (2.0 * ctx.sigma**2)) / dist.clamp_min(1e-30),
+                            torch.zeros_like(s))
+        g = torch.zeros_like(emb)
+        c = _pair_chunk(emb.device)
+        for i in range(0, a.shape[0], c):
+            ai, bi = a[i:i + c], b[i:i + c]
+            rows = (emb.index_select(0, ai) - emb.index_select(0, bi)).mul_(w[i:i + c, None])
+            # scatter_add_ with a broadcast index: several times faster on CPU than index_add_ (with alpha)
+            g.scatter_add_(0, ai[:, None].expand_as(rows), rows)
+            g.scatter_add_(0, bi[:, None].expand_as(rows), rows.neg_())
+        return g, None, None, None, None, None
+
+
+def pair_logits(emb: torch.Tensor, a: torch.Tensor, b: torch.Tensor, similarity: str = "l2_rbf", tau: float = 0.05,
+                sigma: float = 0.75) -> torch.Tensor:
+    """The InfoNCE logit ``s`` of each pair ``(a[i], b[i])`` of rows of ``emb`` (``(n, d)``), as
+    :func:`infonce_loss` defines it (``similarity`` "l2_rbf" or "paper"); ``(E,)`` in ``emb``'s dtype,
+    differentiable in ``emb``. Memory O(E) beyond ``emb``: the pairs are processed in chunks."""
+    return _PairLogits.apply(emb, a, b, similarity == "paper", float(tau), float(sigma))
 
 
 def _to_tensor(a, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
