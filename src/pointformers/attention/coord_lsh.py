@@ -322,9 +322,21 @@ class CoordLSHAttention(TokenMixer):
                     parts.append(block_softmax_inference(*args, self.scale))
             o = torch.cat([p[0] for p in parts])
             lse = torch.cat([p[1] for p in parts])
-        o = o.flatten(0, 1)[point_slot]  # (B, T, H, N, d): indexing keeps the index's shape, no view
-        w = torch.softmax(lse.flatten()[point_slot], dim=1)  # (B, T, H, N): each round's share of a query
-        return (w[..., None] * o).sum(1).permute(0, 2, 1, 3)  # (B, N, H, d)
+        if static:
+            o = o.flatten(0, 1)[point_slot]  # (B, T, H, N, d): indexing keeps the index's shape, no view
+            w = torch.softmax(lse.flatten()[point_slot], dim=1)  # (B, T, H, N): each round's share of a query
+            return (w[..., None] * o).sum(1).permute(0, 2, 1, 3)  # (B, N, H, d)
+        # eager: index_select (several times faster on the CPU than advanced indexing), one round at a time
+        o = o.flatten(0, 1)
+        w = torch.softmax(lse.flatten().index_select(0, point_slot.reshape(-1)).view(point_slot.shape), dim=1)
+        in_place = not (torch.is_grad_enabled() and (o.requires_grad or w.requires_grad))
+        out = None
+        for t in range(T):
+            ot = o.index_select(0, point_slot[:, t].reshape(-1)).view(B, H, N, d)
+            wt = w[:, t, ..., None]
+            term = ot.mul_(wt) if in_place else ot * wt
+            out = term if out is None else (out.add_(term) if in_place else out + term)
+        return out.permute(0, 2, 1, 3)  # (B, N, H, d)
 
     # ------------------------------------------------------------------ reference (tests)
     def attention_pattern(self, order: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -268,11 +268,16 @@ class TrackDecoder(nn.Module):
         position is a real hit (eager on the CPU only, where looking costs no device sync: a traced graph
         keeps the general form)."""
         s, n = mask.shape
-        if prev is None and mask.device.type == "cpu" and not is_tracing() and bool(mask.all()):
-            return None
+        # σ(logit) ≥ t exactly when logit ≥ log(t / (1 − t)): no sigmoid pass over the (S, M, n) logits
+        level = math.log(self.mask_threshold) - math.log1p(-self.mask_threshold)
+        if mask.device.type == "cpu" and not is_tracing() and bool(mask.all()):
+            if prev is None:
+                return None
+            claimed = prev.assign_logits >= level   # every position a real hit: fewer passes, the same mask
+            return (claimed | ~claimed.any(-1, keepdim=True))[:, None]
         allowed = mask[:, None, :].expand(s, self.num_slots, n)
         if prev is not None:
-            claimed = (torch.sigmoid(prev.assign_logits) >= self.mask_threshold) & allowed
+            claimed = (prev.assign_logits >= level) & allowed
             some = claimed.any(-1, keepdim=True)
             allowed = (claimed & some) | (allowed & ~some)   # logical ops: ONNX Runtime has no boolean Where
         allowed = allowed | ~allowed.any(-1, keepdim=True)
