@@ -263,14 +263,16 @@ class CoordLSHAttention(TokenMixer):
 
     def _slots(self, order: torch.Tensor, mask: torch.Tensor, static: bool):
         """The block layout. order (B, T, H, N), mask (B, N) -> src (G·P, b) row of every slot in the
-        flat (B·N·H + 1) point-head table (B·N·H: empty slot), point_slot (B, T, H, N) the slot of
+        flat head-major (B·H·N + 1) head-point table (B·H·N: empty slot), point_slot (B, T, H, N) the slot of
         every point, and P, the blocks per group (G = B·T·H groups: cloud × round × head)."""
         B, T, H, N = order.shape
         S, dev = self.block_size, order.device
         dummy = B * N * H
         j = torch.arange(N, device=dev)
-        rows = ((torch.arange(B, device=dev).view(B, 1, 1, 1) * N + order) * H
-                + torch.arange(H, device=dev).view(1, 1, H, 1))
+        # head-major table rows ((b·H + h)·N + point): one (round, head) group's gathers stay inside its
+        # head's N rows, a region that stays in the CPU's cache, not strided over all heads' rows
+        rows = ((torch.arange(B, device=dev).view(B, 1, 1, 1) * H + torch.arange(H, device=dev).view(1, 1, H, 1)) * N
+                + order)
         rows = rows.masked_fill(j >= mask.sum(1).view(B, 1, 1, 1), dummy)  # sorted position past the cloud's points
         rows = torch.cat([rows, torch.full((B, T, H, 2 * S), dummy, dtype=torch.int64, device=dev)], -1)
         # export: N // b + 2 blocks by index arithmetic (P >= 2: the exporter needs no size-1 case of the
@@ -292,8 +294,8 @@ class CoordLSHAttention(TokenMixer):
         src, point_slot, P = self._slots(order, mask, static)
         dummy = B * N * H
 
-        def table(t):  # (B, N, H, d) -> (B·N·H + 1, d), the last row zero (empty slots)
-            return torch.cat([t.reshape(B * N * H, d), t.new_zeros(1, d)])
+        def table(t):  # (B, N, H, d) -> (B·H·N + 1, d) head-major, the last row zero (empty slots)
+            return torch.cat([t.permute(0, 2, 1, 3).reshape(B * H * N, d), t.new_zeros(1, d)])
 
         qt, kt, vt = table(q), table(k), table(v)
         if (not static and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
