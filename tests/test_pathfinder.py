@@ -132,7 +132,7 @@ def test_pathfinder_configs_validate_and_the_mlp_trains_on_the_stand_in(tmp_path
     import torch
     from pointformers import models
 
-    spec = get_task("lra-image")
+    spec = get_task("lra-pathfinder")
     paths = sorted((ROOT / "configs").glob("lra-pathfinder-*.yaml"))
     assert {p.stem for p in paths} == {"lra-pathfinder-samsa", "lra-pathfinder-sft", "lra-pathfinder-full",
                                        "lra-pathfinder-performer", "lra-pathfinder-mlp"}

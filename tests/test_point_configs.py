@@ -14,7 +14,7 @@ from pointformers.tasks.registry import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("shape-classification", "part-segmentation", "listops", "clustering", "pair-potential", "language-model",
-         "image-classification", "lra-text", "lra-image")
+         "image-classification", "lra-text", "lra-image", "lra-pathfinder")
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if p.name.startswith(TASKS))
 #: (task, model) pairs the issue asks configs for.
 PAIRS = {"shape-classification": ["sft-cls", "sft-ri-cls", "samsa-cls", "sampled-cls", "sampled-hier-cls", "full-cls",
@@ -26,7 +26,8 @@ PAIRS = {"shape-classification": ["sft-cls", "sft-ri-cls", "samsa-cls", "sampled
          "language-model": ["flt-lm", "performer-lm", "full-lm", "mlp-lm"],
          "image-classification": ["flt-vit", "performer-vit", "full-vit", "mlp-vit"],
          "lra-text": ["samsa-seq", "full-seq", "mlp-seq"],
-         "lra-image": ["samsa-seq", "full-seq", "mlp-seq"]}
+         "lra-image": ["samsa-seq", "full-seq", "mlp-seq"],
+         "lra-pathfinder": ["samsa-seq", "full-seq", "mlp-seq"]}
 
 
 def tiny_overrides(task: str, cache: str) -> list[str]:
@@ -43,6 +44,8 @@ def tiny_overrides(task: str, cache: str) -> list[str]:
         return common + ["data.preset=tiny", "data.block_len=32", "data.mini_batch=3"]
     if task == "lra-image":  # the digits at their own 8 x 8 size, 64 pixels
         return ["train.epochs=1", "data.upscale=1", "data.mini_batch=64"]
+    if task == "lra-pathfinder":  # the generated stand-in, a few images
+        return ["train.epochs=1", "data.sizes=[48, 8, 8]", "data.mini_batch=16"]
     if task == "lra-text":
         return common + ["data.preset=tiny", "data.max_len=260", "data.mini_batch=3"]
     return common + ["data.preset=tiny", "data.mini_batch=3"]

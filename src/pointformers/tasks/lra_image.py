@@ -1,5 +1,7 @@
 """LRA Image: images classified from their grey-level pixels read as one sequence, registered at import
-as ``task.name: lra-image`` (SAMSA / SFT's LRA Table, "Image (CIFAR-10)").
+as ``task.name: lra-image`` (SAMSA / SFT's LRA Table, "Image (CIFAR-10)"), and LRA Pathfinder, the same
+pipeline on Pathfinder's curve images, as ``task.name: lra-pathfinder`` (``data.format: pathfinder``;
+its own name so that its results, sections and runs are its own).
 
 Data (``data:`` section, :mod:`pointformers.data.images`): ``format`` ``cifar10-bin`` (the released
 ``cifar-10-batches-bin`` folder in ``root``: LRA's source, 32 × 32 RGB), ``idx``, ``npz`` or ``digits``
@@ -32,7 +34,7 @@ from .minibatch import MiniBatch, check_mini_batch
 from .registry import TaskSpec, config_section as _section, register_task
 from .sequences import SequenceClassificationTask, token_pool
 
-__all__ = ["VOCAB_SIZE", "pixel_tokens", "load_pixel_sets", "LRA_IMAGE_TASK"]
+__all__ = ["VOCAB_SIZE", "pixel_tokens", "load_pixel_sets", "LRA_IMAGE_TASK", "LRA_PATHFINDER_TASK"]
 
 #: 256 grey levels + the padding symbol 0.
 VOCAB_SIZE = 257
@@ -130,4 +132,31 @@ LRA_IMAGE_TASK = register_task(TaskSpec(
     data_schema=_DATA_SCHEMA, data_defaults=_DATA_DEFAULTS, task_schema=_TASK_SCHEMA, task_defaults=_TASK_DEFAULTS,
     load=_load, build=_build, metric="accuracy", mode="max", validate=_validate, generate=_generate,
     default_model="samsa-seq",
+))
+
+
+_PATHFINDER_DATA_DEFAULTS = {**_DATA_DEFAULTS, "format": "pathfinder", "upscale": 1}
+
+
+def _validate_pathfinder(cfg: Mapping[str, Any]) -> None:
+    d = _section(cfg, "data", _PATHFINDER_DATA_DEFAULTS)
+    if d["format"] != "pathfinder":
+        raise ValueError(f"data.format: task lra-pathfinder reads Pathfinder images (format 'pathfinder'), got "
+                         f"{d['format']!r}; other images are task lra-image")
+    _validate({**cfg, "data": d})
+
+
+def _build_pathfinder(cfg: Mapping[str, Any]) -> SequenceClassificationTask:
+    opts = (cfg.get("model") or {}).get("options") or {}
+    return SequenceClassificationTask(int(opts.get("num_classes", 2)),
+                                      _section(cfg, "task", _TASK_DEFAULTS)["label_smoothing"], name="LRA Pathfinder")
+
+
+#: ``task.name: lra-pathfinder`` (LRA's Pathfinder: are the two dots joined by one curve?).
+LRA_PATHFINDER_TASK = register_task(TaskSpec(
+    name="lra-pathfinder",
+    description="LRA Pathfinder: are two dots joined by one dashed curve, from the image's pixel sequence; accuracy",
+    data_schema=_DATA_SCHEMA, data_defaults=_PATHFINDER_DATA_DEFAULTS, task_schema=_TASK_SCHEMA,
+    task_defaults=_TASK_DEFAULTS, load=_load, build=_build_pathfinder, metric="accuracy", mode="max",
+    validate=_validate_pathfinder, generate=_generate, default_model="samsa-seq",
 ))
