@@ -295,7 +295,12 @@ class CoordLSHAttention(TokenMixer):
         dummy = B * N * H
 
         def table(t):  # (B, N, H, d) -> (B·H·N + 1, d) head-major, the last row zero (empty slots)
-            return torch.cat([t.permute(0, 2, 1, 3).reshape(B * H * N, d), t.new_zeros(1, d)])
+            if static:
+                return torch.cat([t.permute(0, 2, 1, 3).reshape(B * H * N, d), t.new_zeros(1, d)])
+            out = t.new_empty(B * H * N + 1, d)   # one copy pass (permute and cat would be two)
+            out[:-1].view(B, H, N, d).copy_(t.permute(0, 2, 1, 3))
+            out[-1] = 0
+            return out
 
         qt, kt, vt = table(q), table(k), table(v)
         if (not static and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
