@@ -174,6 +174,9 @@ def test_comparison_trained_in_pieces_is_written_by_one_call_that_reuses_them(tm
     assert "Timing columns:" in doc.read_text() and "| HEPT |" in doc.read_text()
     assert [r["model"] for r in json.loads((tmp_path / "c" / "results-tiny.json").read_text())["rows"]] == \
         ["HEPT", "performer"]
+    with pytest.raises(ValueError, match="no recorded row of tracking-performer-small.yaml seed"):
+        compare_configs(configs, out_dir=tmp_path / "e", reuse=files[:1], reused_only=True, **common)
+    assert not (tmp_path / "e").exists() or not [p for p in (tmp_path / "e").iterdir() if p.is_dir()]
     changed = {**common, "overrides": [*common["overrides"], "model.options.block_size=50"]}
     with pytest.raises(ValueError, match="different config .*model"):
         compare_configs(configs[:1], out_dir=tmp_path / "d", reuse=files[:1], **changed)

@@ -261,11 +261,11 @@ def check_recorded_config(row, cfg, name: str, source: str) -> None:
 
 
 def without_bookkeeping(argv) -> list:
-    """``argv`` without the options that change no result -- ``--resume``, ``--overwrite`` and ``--reuse``
-    with its files --, so a document records the command that computes its rows from scratch."""
+    """``argv`` without the options that change no result -- ``--resume``, ``--overwrite``, ``--reused-only``
+    and ``--reuse`` with its files --, so a document records the command that computes its rows from scratch."""
     out, skipping = [], False
     for a in argv:
-        if a in ("--resume", "--overwrite"):
+        if a in ("--resume", "--overwrite", "--reused-only"):
             continue
         if a == "--reuse" or a.startswith("--reuse="):
             skipping = a == "--reuse"

@@ -207,7 +207,8 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
                     command: str | None = None, progress: bool = False,
                     log: Callable[[str], None] | None = print, resume: bool = False,
                     overwrite: bool = False, seeds: Sequence[int] | None = None,
-                    reuse: Sequence[str | os.PathLike] = (), retime: bool = False) -> list[dict[str, Any]]:
+                    reuse: Sequence[str | os.PathLike] = (), retime: bool = False,
+                    reused_only: bool = False) -> list[dict[str, Any]]:
     """Train, evaluate and time every config on ``preset``; optionally write the table to ``doc``.
 
     Args:
@@ -240,6 +241,8 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
             (seeded; the models' cost does not depend on their weights: fixed-size LSH blocks, samples,
             feature maps and kNN graphs), so rows trained in different processes or on different
             machines get timings measured side by side on one machine.
+        reused_only: train nothing: every run must be found in ``reuse`` (``ValueError`` naming the
+            missing ones before any work), e.g. to rewrite a section from its rows alone.
     Returns:
         One dict per config and seed: ``config, model, seed, params, metric`` and the test metrics (``ap@k``,
         ``trackml_score``, ``dbscan_eps``... for tracking), ``infer_ms``, ``peak_mb``,
@@ -270,6 +273,10 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
 
     earlier = _reused_rows(reuse)
     retime = retime or bool(reuse)
+    if reused_only:
+        missing = [f"{Path(p).name} seed {c['train']['seed']}" for p, c, _ in runs if _matching_row(earlier, p, c) is None]
+        if missing:
+            raise ValueError(f"reuse: no recorded row of {', '.join(missing)} (--reused-only trains nothing)")
     from ..engine import write_json
 
     rows: list[dict[str, Any]] = []
@@ -633,6 +640,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--reuse", nargs="+", default=[], metavar="JSON",
                    help="results-<preset>.json of earlier comparisons: runs recorded there with the same config "
                         "are taken, not trained (implies --retime)")
+    c.add_argument("--reused-only", action="store_true",
+                   help="train nothing: fail unless every run is recorded in the --reuse files")
     c.add_argument("--retime", action="store_true",
                    help="measure every config's inference time and memory again at the end, side by side in "
                         "this process (freshly initialised weights)")
@@ -648,7 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.cmd == "compare":
             compare_configs(a.configs, a.preset, a.epochs, a.out, a.device, a.repeats, a.timing_events, a.set,
                             a.write, progress=sys.stderr.isatty(), resume=a.resume, overwrite=a.overwrite,
-                            seeds=a.seeds, reuse=a.reuse, retime=a.retime)
+                            seeds=a.seeds, reuse=a.reuse, retime=a.retime, reused_only=a.reused_only)
         else:
             speed_comparison(a.hits, a.configs, a.repeats, a.device, a.seed, a.write)
     except ValueError as exc:
