@@ -108,8 +108,14 @@ def test_speed_comparison_small(tmp_path):
         speed_comparison(10, ["nope.yaml"], log=None)
 
 
-def test_ordering_checks_ignore_other_tasks():
-    assert check_orderings([{"model": "HEPT", "metric": "ap", "ap": 0.4}]) == []
+def test_ordering_checks_ignore_other_tasks_and_check_pileup_on_its_ap():
+    assert check_orderings([{"model": "HEPT", "metric": "accuracy", "accuracy": 0.4}]) == []
+    rows = [{"model": m, "metric": "ap", "ap": v, "seed": s} for m, base in (("HEPT", 0.71), ("performer", 0.62))
+            for s, v in zip((1, 2, 3), (base, base + 0.002, base - 0.002))]
+    lines = check_orderings(rows)
+    assert len(lines) == 1 and lines[0].startswith("Table 1 ordering (HEPT pile-up AP") and lines[0].endswith("HOLDS.")
+    close = rows[:3] + [{**r, "ap": r["ap"] + 0.0895} for r in rows[3:]]   # performer 0.7095: within the spread
+    assert check_orderings(close)[0].endswith("DOES NOT HOLD for performer.")
 
 
 @pytest.mark.release
