@@ -425,3 +425,26 @@ def test_the_model_stitches_only_overlapping_sectors():
     with pytest.raises(ValueError, match="stitch_min_hits"):
         TrackReconstructor(dim=16, heads=2, overlap=0.1, stitch_min_hits=-1)
     assert TrackReconstructor(dim=16, heads=2, overlap=0.1, stitch_min_hits=2).stitch_min_hits == 2
+
+
+def test_assignment_in_an_embedding_space_is_a_kernel_around_each_slots_centre():
+    """assign_dim: logit = α − β·‖e − c‖² with the slot's centre c (the decoder's centre head) and each hit's
+    key e, for every slot and hit; keys are required exactly when assign_dim > 0, with their shape."""
+    torch.manual_seed(0)
+    dec = TrackDecoder(dim=16, num_slots=5, heads=4, assign_dim=6).double()
+    hits, keys = torch.randn(2, 9, 16, dtype=torch.float64), torch.randn(2, 9, 6, dtype=torch.float64)
+    out = dec(hits, keys=keys)[-1]
+    c = dec.centre(out.slots)
+    beta = torch.nn.functional.softplus(dec.kernel[1])
+    torch.testing.assert_close(out.assign_logits, dec.kernel[0] - beta * torch.cdist(c, keys) ** 2)
+    assert torch.isclose(beta, torch.tensor(10.0, dtype=torch.float64)) and dec.kernel[0] == 1.0
+    out.assign_logits.sum().backward()
+    assert keys.grad is None and dec.kernel.grad is not None
+    with pytest.raises(ValueError, match=r"expected keys \(S, n, 6\)"):
+        dec(hits)
+    with pytest.raises(ValueError, match="expected keys"):
+        dec(hits, keys=keys[..., :5])
+    with pytest.raises(ValueError, match=r"no keys \(assign_dim=0\)"):
+        TrackDecoder(dim=16, num_slots=5, heads=4)(hits.float(), keys=keys.float())
+    with pytest.raises(ValueError, match="assign_dim"):
+        TrackDecoder(dim=16, num_slots=5, heads=4, assign_dim=-1)

@@ -45,7 +45,8 @@ V2_ENCODER = dict(attention="coord_lsh", encoder_options={"norm": "rms", "ffn": 
 
 @pytest.mark.parametrize("overlap,encoder", [(0.0, {}), (0.2, {}), (0.2, V2_ENCODER), (0.2, dict(sector_frame=True)),
                                              (0.0, dict(sector_frame=True, frame_columns=[2, 4])),
-                                             (0.2, dict(sector_frame=True, seed_slots=True)), (0.0, dict(seed_slots=True))])
+                                             (0.2, dict(sector_frame=True, seed_slots=True)), (0.0, dict(seed_slots=True)),
+                                             (0.2, dict(assign_space="embedding", attention_mask=True))])
 def test_batched_events_equal_events_run_alone(overlap, encoder):
     model = _model(overlap=overlap, threshold=0.0, **encoder)
     clouds = _clouds()
@@ -65,6 +66,11 @@ def test_batched_events_equal_events_run_alone(overlap, encoder):
             torch.testing.assert_close(model(xi, ci), labels[b, :n])   # one event (N, F) as the encoder takes it
     assert bool((labels[~mask] == -1).all()) and bool((labels[mask] >= 0).all())   # threshold 0: all assigned
     assert labels.max() < model.num_sectors * model.num_slots
+
+
+def test_assign_space_is_named_when_wrong():
+    with pytest.raises(ValueError, match="^assign_space: expected 'features'"):
+        TrackReconstructor(assign_space="kernel")
 
 
 def test_the_set_loss_trains_the_model():
@@ -306,8 +312,9 @@ def test_the_parameters_of_a_slot_with_hits_are_their_helix_fit():
                                      dict(attention="full", overlap=0.2, stitch_min_hits=1),
                                      dict(attention="full", sector_frame=True, frame_columns=[2, 4]),
                                      dict(attention="full", merge_radius=2.0, merge_max_hits=3),
-                                     dict(attention="full", sector_frame=True, seed_slots=True)],
-                         ids=["full", "v2", "stitched", "sector-frame", "merged", "seeded"])
+                                     dict(attention="full", sector_frame=True, seed_slots=True),
+                                     dict(attention="full", assign_space="embedding", attention_mask=True)],
+                         ids=["full", "v2", "stitched", "sector-frame", "merged", "seeded", "embedding-assign"])
 def test_the_exported_model_equals_the_eager_one(tmp_path, encoder):
     """torch.export of the whole model, assignment step included: the file's track labels equal the eager
     model's at point counts other than the traced one (full attention, and the published encoder's design;

@@ -105,6 +105,10 @@ class TrackReconstructor(nn.Module):
             pieces of a particle that two slots split).
         seed_slots: each slot starts from a seed hit of its sector as well as its bank vector (the decoder's
             ``seed_slots``, :class:`~pointformers.nn.track_decoder.TrackDecoder`; beyond the published design).
+        assign_space: ``"features"`` (default, published): a hit's assignment logit is the dot product of the
+            slot's mask embedding with the hit's feature; ``"embedding"``: a kernel around a centre the slot
+            predicts in the InfoNCE embedding (the decoder's ``assign_dim``), which the contrastive loss shapes
+            early; beyond the published design.
         param_fit: the track parameters of a slot that claims at least :data:`FIT_MIN_HITS` hits (each hit's best
             slot, at a score of at least ``threshold``) are the closed-form helix fit of those hits
             (:func:`slot_helix_fit`, no gradient); the head gives the others and is trained on them. ``x`` must
@@ -131,8 +135,13 @@ class TrackReconstructor(nn.Module):
                  threshold: float = 0.5, phi_column: int = 1, encoder_options: Optional[dict] = None,
                  stitch_min_hits: int = 0, sector_frame: bool = False, eta_column: int = 0,
                  frame_columns: Sequence[int] = (),
-                 merge_max_hits: int = 2, merge_radius: float = 0.0, param_fit: bool = True, seed_slots: bool = False):
+                 merge_max_hits: int = 2, merge_radius: float = 0.0, param_fit: bool = True, seed_slots: bool = False,
+                 assign_space: str = "features"):
         super().__init__()
+        if assign_space not in ("features", "embedding"):
+            raise ValueError(f"assign_space: expected 'features' (the published dot product with the hit features) or "
+                             f"'embedding' (a kernel around each slot's centre in the InfoNCE embedding), got {assign_space!r}")
+        self.assign_space = assign_space
         if not isinstance(param_fit, bool):
             raise ValueError(f"param_fit: expected true or false, got {param_fit!r}")
         if param_fit and in_dim <= max(FIT_COLUMNS):
@@ -177,7 +186,7 @@ class TrackReconstructor(nn.Module):
         self.hit_head = nn.Linear(dim, 1)
         self.decoder = TrackDecoder(dim, num_slots, heads=decoder_heads, n_layers=decoder_layers, dropout=dropout,
                                     attention_mask=attention_mask, pos_dim=3 + len(self.frame_columns) if sector_frame else 0,
-                                    seed_slots=seed_slots)
+                                    seed_slots=seed_slots, assign_dim=embed_dim if assign_space == "embedding" else 0)
         self.param_fit = param_fit
         self.param_head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, len(TRACK_PARAMS)))
 
@@ -213,7 +222,9 @@ class TrackReconstructor(nn.Module):
             pos = sector_frame(coords[..., self.eta_column], coords[..., self.phi_column], sectors)
             if self.frame_columns:
                 pos = torch.cat([pos, gather_sectors(coords[..., self.frame_columns], sectors)], -1)
-        stages = self.decoder(gather_sectors(h, sectors), sectors.mask, pos, last_only=last_only)
+        embedding = self.embed_head(h)
+        keys = gather_sectors(embedding, sectors) if self.assign_space == "embedding" else None
+        stages = self.decoder(gather_sectors(h, sectors), sectors.mask, pos, last_only=last_only, keys=keys)
         last = stages[-1]
         if last_only:   # the labels need no track parameters
             params = last.slots.new_zeros(*last.slots.shape[:2], 0)
@@ -222,7 +233,7 @@ class TrackReconstructor(nn.Module):
             if self.param_fit:
                 fitted, fit = self.fitted_parameters(x, last, sectors)
                 params = torch.where(fitted[..., None], fit, params)
-        return TrackOutput(self.embed_head(h), self.hit_head(h).squeeze(-1), sectors, stages, params)
+        return TrackOutput(embedding, self.hit_head(h).squeeze(-1), sectors, stages, params)
 
     def fitted_parameters(self, x: torch.Tensor, stage, sectors: Sectors) -> tuple[torch.Tensor, torch.Tensor]:
         """The helix fit of the hits each slot of a decoder stage claims (each real hit's best slot by

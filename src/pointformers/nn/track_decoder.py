@@ -212,8 +212,15 @@ class TrackDecoder(nn.Module):
             at position ⌊(2m + 1)·n / 2M⌋ of the sector's ``n`` real hits, in the sector's row order (φ order
             for :func:`phi_sectors`), so the seeds spread over the sector. Beyond the published design (DETR's
             learned queries alone; anchor- and query-selection variants of DETR converge in far fewer steps).
+        assign_dim: ``> 0``: the assignment logits are a kernel in a hit embedding space of this size instead
+            of the dot product with the hit features: ``forward`` takes each hit's embedding ``keys``
+            ``(S, n, assign_dim)`` (e.g. the encoder's InfoNCE embedding, which groups a particle's hits
+            early in training), each slot predicts a centre ``c`` there, and ``logit = α − β·‖e − c‖²``
+            (``α``, ``β > 0`` learned): a slot claims the hits around its centre, as a density clustering
+            of the embedding would. Beyond the published design. 0 (default): the published dot product.
 
-    Shapes: ``forward(hits (S, n, dim), mask (S, n) bool, pos (S, n, pos_dim) | None)`` returns a list of ``n_layers``
+    Shapes: ``forward(hits (S, n, dim), mask (S, n) bool, pos (S, n, pos_dim) | None, keys (S, n, assign_dim) | None)``
+    returns a list of ``n_layers``
     :class:`DecoderOutput` (one per layer, the last is the prediction); ``last_only=True`` returns the
     last one alone (a list of one), skipping the intermediate heads inference does not read (unless the
     attention mask needs them).
@@ -221,12 +228,12 @@ class TrackDecoder(nn.Module):
 
     def __init__(self, dim: int, num_slots: int, heads: int = 8, n_layers: int = 2, hidden: Optional[int] = None,
                  dropout: float = 0.0, attention_mask: bool = False, mask_threshold: float = 0.5, pos_dim: int = 0,
-                 seed_slots: bool = False):
+                 seed_slots: bool = False, assign_dim: int = 0):
         super().__init__()
         if not isinstance(seed_slots, bool):
             raise ValueError(f"TrackDecoder: seed_slots must be true or false, got {seed_slots!r}")
         for name, v, lo in (("dim", dim, 1), ("num_slots", num_slots, 1), ("heads", heads, 1), ("n_layers", n_layers, 1),
-                            ("pos_dim", pos_dim, 0)):
+                            ("pos_dim", pos_dim, 0), ("assign_dim", assign_dim, 0)):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"TrackDecoder: {name} must be an integer >= {lo}, got {v!r}")
         if dim % heads:
@@ -248,6 +255,10 @@ class TrackDecoder(nn.Module):
         self.pos_embed = (nn.Sequential(nn.Linear(pos_dim, dim), nn.GELU(), nn.Linear(dim, dim)) if pos_dim
                           else None)
         self.seed_proj = nn.Linear(dim, dim) if seed_slots else None
+        self.assign_dim = assign_dim
+        if assign_dim:   # the slot's centre in the key space; α and β = softplus(·) start at 1 and 10
+            self.centre = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, assign_dim))
+            self.kernel = nn.Parameter(torch.tensor([1.0, math.log(math.expm1(10.0))]))
 
     def seed_index(self, mask: torch.Tensor) -> torch.Tensor:
         """``(S, M)`` int64: the row of each slot's seed hit (``seed_slots``), ⌊(2m + 1)·n / 2M⌋ for the ``n``
@@ -256,10 +267,16 @@ class TrackDecoder(nn.Module):
         m = torch.arange(self.num_slots, device=mask.device)[None]
         return (2 * m + 1) * n // (2 * self.num_slots)
 
-    def predict(self, slots: torch.Tensor, hits: torch.Tensor) -> DecoderOutput:
-        """The heads on slots ``(S, M, dim)`` and normed hit features ``(S, n, dim)``."""
+    def predict(self, slots: torch.Tensor, hits: torch.Tensor, keys: Optional[torch.Tensor] = None) -> DecoderOutput:
+        """The heads on slots ``(S, M, dim)`` and normed hit features ``(S, n, dim)`` (with ``assign_dim``: the
+        hits' embeddings ``keys`` ``(S, n, assign_dim)``)."""
         z = self.out_norm(slots)
-        return DecoderOutput(self.class_head(z).squeeze(-1), torch.einsum("smd,snd->smn", self.mask_embed(z), hits), z)
+        if not self.assign_dim:
+            return DecoderOutput(self.class_head(z).squeeze(-1), torch.einsum("smd,snd->smn", self.mask_embed(z), hits), z)
+        c = self.centre(z)                                                                  # (S, M, E)
+        d2 = ((c * c).sum(-1, keepdim=True) + (keys * keys).sum(-1).unsqueeze(1)
+              - 2.0 * torch.einsum("sme,sne->smn", c, keys)).clamp_min(0.0)                # (S, M, n)
+        return DecoderOutput(self.class_head(z).squeeze(-1), self.kernel[0] - F.softplus(self.kernel[1]) * d2, z)
 
     def _allowed(self, mask: torch.Tensor, prev: Optional[DecoderOutput]) -> Optional[torch.Tensor]:
         """(S, 1, M, n) bool: which hits each slot may attend to. A row with nothing allowed (a sector with
@@ -284,9 +301,12 @@ class TrackDecoder(nn.Module):
         return allowed[:, None]
 
     def forward(self, hits: torch.Tensor, mask: Optional[torch.Tensor] = None, pos: Optional[torch.Tensor] = None,
-                last_only: bool = False) -> list[DecoderOutput]:
+                last_only: bool = False, keys: Optional[torch.Tensor] = None) -> list[DecoderOutput]:
         if hits.dim() != 3 or hits.shape[-1] != self.dim:
             raise ValueError(f"TrackDecoder: hits must be (S, n, {self.dim}), got {tuple(hits.shape)}")
+        if (keys is None) != (not self.assign_dim) or (keys is not None and keys.shape != hits.shape[:2] + (self.assign_dim,)):
+            want = f"keys (S, n, {self.assign_dim})" if self.assign_dim else "no keys (assign_dim=0)"
+            raise ValueError(f"TrackDecoder: expected {want}, got {None if keys is None else tuple(keys.shape)}")
         if (pos is None) != (self.pos_embed is None) or (pos is not None and pos.shape != hits.shape[:2] + (self.pos_dim,)):
             want = f"pos (S, n, {self.pos_dim}) = {tuple(hits.shape[:2]) + (self.pos_dim,)}" if self.pos_dim else "no pos (pos_dim=0)"
             raise ValueError(f"TrackDecoder: expected {want}, got "
@@ -307,13 +327,13 @@ class TrackDecoder(nn.Module):
             seed_in = hits if hit_pos is None else hits + hit_pos * mask[..., None].to(hits.dtype)
             idx = self.seed_index(mask)[..., None].expand(-1, -1, self.dim)
             slots = slots + self.seed_proj(torch.gather(seed_in, 1, idx))
-        prev = self.predict(slots, hits) if self.attention_mask else None
+        prev = self.predict(slots, hits, keys) if self.attention_mask else None
         outs = []
         for i, layer in enumerate(self.layers):
             slots = layer(slots, hits, self._allowed(mask, prev if self.attention_mask else None), hit_pos)
             if last_only and not self.attention_mask and i + 1 < len(self.layers):
                 continue
-            prev = self.predict(slots, hits)
+            prev = self.predict(slots, hits, keys)
             outs.append(prev)
         return outs[-1:] if last_only else outs
 
