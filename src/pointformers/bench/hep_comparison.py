@@ -235,7 +235,8 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
             machines): a run whose resolved config (model, data, task and ``train`` sections, seed and
             epochs included) equals a recorded row's is taken from it instead of trained; a row of the
             same config file and seed recorded with a different config is refused (``ValueError``), so a
-            stale row never enters a table. Reusing implies ``retime``.
+            stale row never enters a table. Reusing implies ``retime``. Processes that train pieces in
+            parallel should each have their own ``out_dir`` (each rewrites its results file).
         retime: measure the timing columns (``infer_ms``, ``peak_mb``) again at the end, one config
             after another in this process, with freshly initialised weights of each config's model
             (seeded; the models' cost does not depend on their weights: fixed-size LSH blocks, samples,
