@@ -341,7 +341,6 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
 
     if retime:
         _retime(rows, [cfg for _, cfg, _ in runs], data_of, dev, repeats, max_timing_events, say)
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_json(results_file, {"machine": machine(), "device": str(dev), "rows": rows})
     checks = check_orderings(rows)
     for c in checks:

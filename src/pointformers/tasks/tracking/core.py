@@ -576,15 +576,15 @@ def infonce_loss(
     n = emb.shape[0]
     neg = torch.nonzero(~pos).squeeze(1)
     s_neg = logits.index_select(0, neg)
+    u_negs = [an.index_select(0, neg) for an in anchors]   # each negative row's anchor
     # Per-anchor log-sum-exp of negative logits, shifted by the (constant) per-anchor max.
     shift = torch.full((n,), float("-inf"), dtype=logits.dtype, device=dev)
-    for an in anchors:
-        shift = shift.scatter_reduce(0, an.index_select(0, neg), s_neg.detach(), reduce="amax", include_self=True)
+    for u_neg in u_negs:
+        shift = shift.scatter_reduce(0, u_neg, s_neg.detach(), reduce="amax", include_self=True)
     has_neg = torch.isfinite(shift)
     shift = torch.where(has_neg, shift, torch.zeros_like(shift))
     denom = torch.zeros(n, dtype=logits.dtype, device=dev)
-    for an in anchors:
-        u_neg = an.index_select(0, neg)
+    for u_neg in u_negs:
         denom = denom.index_add(0, u_neg, torch.exp(s_neg - shift.index_select(0, u_neg)))
     lse_neg = torch.where(has_neg, torch.log(torch.where(has_neg, denom, torch.ones_like(denom))) + shift,
                           torch.full_like(denom, float("-inf")))
@@ -663,6 +663,11 @@ def pair_logits(emb: torch.Tensor, a: torch.Tensor, b: torch.Tensor, similarity:
     :func:`infonce_loss` defines it (``similarity`` "l2_rbf" or "paper"); ``(E,)`` in ``emb``'s dtype,
     differentiable in ``emb``. Memory O(E) beyond ``emb``: the pairs are processed in chunks."""
     return _PairLogits.apply(emb, a, b, similarity == "paper", float(tau), float(sigma))
+
+
+# ----------------------------------------------------------------------------------------
+# Metric
+# ----------------------------------------------------------------------------------------
 
 
 def _to_tensor(a, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
