@@ -145,7 +145,8 @@ class _Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, kv: torch.Tensor, allowed: Optional[torch.Tensor],
                 key_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """q ``(S, M, dim)``, kv ``(S, n, dim)``, allowed ``(S, 1, M, n)`` bool or None, key_pos ``(S, n, dim)``
+        """q ``(S, M, dim)``, kv ``(S, n, dim)``, allowed ``(S, 1, M or 1, n)`` (bool, or additive when eager) or None,
+        key_pos ``(S, n, dim)``
         or None (added to the keys only, as DETR adds its positional encoding) -> ``(S, M, dim)``."""
         s, m, d = q.shape
         k_in = kv if key_pos is None else kv + key_pos
@@ -274,31 +275,45 @@ class TrackDecoder(nn.Module):
         if not self.assign_dim:
             return DecoderOutput(self.class_head(z).squeeze(-1), torch.einsum("smd,snd->smn", self.mask_embed(z), hits), z)
         c = self.centre(z)                                                                  # (S, M, E)
-        d2 = ((c * c).sum(-1, keepdim=True) + (keys * keys).sum(-1).unsqueeze(1)
-              - 2.0 * torch.einsum("sme,sne->smn", c, keys)).clamp_min(0.0)                # (S, M, n)
-        return DecoderOutput(self.class_head(z).squeeze(-1), self.kernel[0] - F.softplus(self.kernel[1]) * d2, z)
+        beta = F.softplus(self.kernel[1])
+        # α − β‖e − c‖² = [α − β‖c‖², 2βc, −β] · [1, e, ‖e‖²]: one batched product writes the (S, M, n) logits,
+        # no elementwise pass over them (the largest tensors of the model at 60k hits)
+        slot_side = torch.cat([self.kernel[0] - beta * (c * c).sum(-1, keepdim=True), (2.0 * beta) * c,
+                               (-beta).expand(c.shape[:-1] + (1,))], -1)                    # (S, M, E + 2)
+        hit_side = torch.cat([torch.ones_like(keys[..., :1]), keys, (keys * keys).sum(-1, keepdim=True)], -1)
+        return DecoderOutput(self.class_head(z).squeeze(-1), slot_side @ hit_side.transpose(1, 2), z)
 
-    def _allowed(self, mask: torch.Tensor, prev: Optional[DecoderOutput]) -> Optional[torch.Tensor]:
-        """(S, 1, M, n) bool: which hits each slot may attend to. A row with nothing allowed (a sector with
-        no real hit, or a slot that claims none) falls back to the real hits, then to every position, so
-        softmax never sees an empty row. None (everything allowed) without an attention mask when every
-        position is a real hit (eager on the CPU only, where looking costs no device sync: a traced graph
-        keeps the general form)."""
-        s, n = mask.shape
-        # σ(logit) ≥ t exactly when logit ≥ log(t / (1 − t)): no sigmoid pass over the (S, M, n) logits
-        level = math.log(self.mask_threshold) - math.log1p(-self.mask_threshold)
-        if mask.device.type == "cpu" and not is_tracing() and bool(mask.all()):
-            if prev is None:
+    def _allowed(self, mask: torch.Tensor, prev: Optional[DecoderOutput], dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """Which hits each slot may attend to, ``(S, 1, M, n)`` (``(S, 1, 1, n)`` without a previous stage):
+        bool when traced, the equivalent additive mask (0 or −inf, of ``dtype``) when eager, which the
+        fused attention takes as it is (a bool mask it would convert, one more pass over the largest tensor).
+        A slot claims the hits whose assignment probability at the previous stage is at least the threshold;
+        a row with nothing allowed (a sector with no real hit, or a slot that claims none) falls back to the
+        real hits, then to every position, so softmax never sees an empty row. None (everything allowed)
+        without a previous stage when every position is a real hit (eager on the CPU only, where looking
+        costs no device sync: a traced graph keeps the general form)."""
+        eager = not is_tracing()
+        if prev is None:
+            if eager and mask.device.type == "cpu" and bool(mask.all()):
                 return None
-            claimed = prev.assign_logits >= level   # every position a real hit: fewer passes, the same mask
-            return (claimed | ~claimed.any(-1, keepdim=True))[:, None]
-        allowed = mask[:, None, :].expand(s, self.num_slots, n)
-        if prev is not None:
-            claimed = (prev.assign_logits >= level) & allowed
-            some = claimed.any(-1, keepdim=True)
-            allowed = (claimed & some) | (allowed & ~some)   # logical ops: ONNX Runtime has no boolean Where
-        allowed = allowed | ~allowed.any(-1, keepdim=True)
-        return allowed[:, None]
+            allowed = (mask | ~mask.any(-1, keepdim=True))[:, None, None]
+            return allowed if not eager else torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill_(
+                ~allowed, float("-inf"))
+        # σ(logit) ≥ t exactly when logit ≥ log(t / (1 − t)): no sigmoid pass over the (S, M, n) logits.
+        # One comparison per entry with a per-row level: the threshold where the slot claims a real hit, below
+        # every finite logit where it claims none (its real hits), −inf in a sector without real hits (all)
+        level = math.log(self.mask_threshold) - math.log1p(-self.mask_threshold)
+        logits = prev.assign_logits
+        if not (eager and mask.device.type == "cpu" and bool(mask.all())):
+            logits = logits.masked_fill(~mask[:, None, :], float("-inf"))   # padding never claimed
+        top = logits.amax(-1, keepdim=True)                                  # (S, M, 1)
+        floor = torch.where(top > float("-inf"), torch.full_like(top, torch.finfo(top.dtype).min),
+                            torch.full_like(top, float("-inf")))
+        row_level = torch.where(top >= level, torch.full_like(top, level), floor)
+        if not eager:
+            return (logits >= row_level)[:, None]
+        zero = torch.zeros((), dtype=dtype, device=logits.device)
+        return torch.where(logits >= row_level, zero, zero - float("inf"))[:, None]
 
     def forward(self, hits: torch.Tensor, mask: Optional[torch.Tensor] = None, pos: Optional[torch.Tensor] = None,
                 last_only: bool = False, keys: Optional[torch.Tensor] = None) -> list[DecoderOutput]:
@@ -330,7 +345,8 @@ class TrackDecoder(nn.Module):
         prev = self.predict(slots, hits, keys) if self.attention_mask else None
         outs = []
         for i, layer in enumerate(self.layers):
-            slots = layer(slots, hits, self._allowed(mask, prev if self.attention_mask else None), hit_pos)
+            allowed = self._allowed(mask, prev if self.attention_mask else None, hits.dtype)
+            slots = layer(slots, hits, allowed, hit_pos)
             if last_only and not self.attention_mask and i + 1 < len(self.layers):
                 continue
             prev = self.predict(slots, hits, keys)
@@ -346,7 +362,10 @@ def assign_hits(out: DecoderOutput, mask: torch.Tensor, threshold: float = 0.5) 
     """
     if not (0.0 <= threshold < 1.0):
         raise ValueError(f"assign_hits: threshold must be in [0, 1), got {threshold!r}")
-    score = torch.sigmoid(out.object_logits)[..., None] * torch.sigmoid(out.assign_logits)   # (S, M, n)
+    if is_tracing() or torch.is_grad_enabled():
+        score = torch.sigmoid(out.object_logits)[..., None] * torch.sigmoid(out.assign_logits)   # (S, M, n)
+    else:   # eager inference: one (S, M, n) buffer, updated in place
+        score = torch.sigmoid(out.assign_logits).mul_(torch.sigmoid(out.object_logits)[..., None])
     best, slot = score.max(1)
     keep = mask & (best >= threshold)
     return torch.where(keep, slot, torch.full_like(slot, -1)), torch.where(mask, best, torch.zeros_like(best))
