@@ -73,6 +73,31 @@ def test_assign_space_is_named_when_wrong():
         TrackReconstructor(assign_space="kernel")
 
 
+def test_sector_hits_scale_the_sectors_with_the_event(monkeypatch):
+    """sector_hits: an event gets max(sectors, ⌈n / sector_hits⌉) sectors (n its real hits, the most of a batch), the
+    same labels as a model of that fixed sector count with the same weights (merging included: the track labels of
+    every sector are distinct); never fewer than ``sectors``; eager only; bad values named."""
+    x, coords, mask = _pad(_clouds(sizes=(150, 97)))
+    scaled = _model(sectors=2, sector_hits=40, threshold=0.0, merge_max_hits=2)
+    with torch.no_grad():
+        out = scaled(x, coords, mask, outputs=True)
+        assert out.sectors.k == 4 and scaled(x[1:, :97], coords[1:, :97], outputs=True).sectors.k == 3
+        fixed = _model(sectors=4, threshold=0.0, merge_max_hits=2)
+        fixed.load_state_dict(scaled.state_dict())
+        labels = scaled(x, coords, mask)
+        torch.testing.assert_close(labels, fixed(x, coords, mask))
+        assert labels.max() >= 2 * scaled.num_slots   # tracks of the sectors beyond the configured two
+        assert _model(sectors=2, sector_hits=400)(x, coords, mask, outputs=True).sectors.k == 2
+    import pointformers.models.track_reconstruction as tr
+
+    monkeypatch.setattr(tr, "is_tracing", lambda: True)
+    with pytest.raises(ValueError, match="^sector_hits=40: .*eager mode only"):
+        scaled.sector_count(mask)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="^sector_hits: expected an integer >= 0"):
+            TrackReconstructor(sector_hits=bad)
+
+
 def test_the_set_loss_trains_the_model():
     """A few steps on one event: the set loss falls (the decoder learns to claim the event's tracks)."""
     torch.manual_seed(0)
@@ -169,9 +194,16 @@ def _merge_reference(labels: np.ndarray, emb: np.ndarray, max_hits: int, radius:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_merge_tracks_with_a_radius_equals_the_loops(seed):
+@pytest.mark.parametrize("path", ["eager", "eager-chunked", "traced"])
+def test_merge_tracks_with_a_radius_equals_the_loops(seed, path, monkeypatch):
     # every other track joins the nearest larger one within the radius (equal sizes: the higher label),
-    # joins chain; fragments as above
+    # joins chain; fragments as above. Eager: the tracks with hits alone, their distances in chunks of rows
+    # (here also one row per chunk); traced: the fixed-shape (num_tracks, num_tracks) table
+    import pointformers.models.track_reconstruction as tr
+
+    monkeypatch.setattr(tr, "is_tracing", lambda: path == "traced")
+    if path == "eager-chunked":
+        monkeypatch.setattr(tr, "MERGE_CHUNK_ELEMS", 1)
     g = np.random.default_rng(seed)
     n, t = 80, 14
     labels = g.integers(-1, t, n)

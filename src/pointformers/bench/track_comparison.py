@@ -18,6 +18,9 @@ Issue 24's comparison, written as the section ``track-comparison-<preset>`` of `
   one process, the two pipelines alternated per repetition, eval mode without autograd; median of
   ``repeats`` calls after a warm-up, and the peak memory of one call (:mod:`.harness`). The sizes
   of the table (6k and 60k hits by default) and of the curve (10k to 500k by default) are options.
+  The end-to-end model keeps the sector size it was trained on (its ``sector_hits``, unless set, the
+  hits per sector of its training clouds): a larger event gets more sectors, so its slots cover the
+  event's tracks (three sectors of a 60k-hit event would give it 1,800 slots for ~10k particles).
 
 Usage::
 
@@ -161,7 +164,8 @@ def latency_text(table: Sequence[Mapping[str, Any]], curve: Sequence[Mapping[str
                  repeats: int) -> str:
     """Markdown: time per event and peak memory at the table's sizes, and the curve of time per event."""
     text = (f"End to end from hits to track labels, the first seed's models, one generated event per size, eval mode "
-            f"without autograd, the pipelines alternated; median of {repeats} calls after a warm-up. Peak MB = "
+            f"without autograd, the pipelines alternated (the end-to-end model with as many sectors as keep each "
+            f"within the hits per sector of its training clouds); median of {repeats} calls after a warm-up. Peak MB = "
             f"resident memory growth of one call; the last column is the first pipeline's time over the second's "
             f"(> 1: the second is faster).\n\n| hits | " + " | ".join(f"{n} s | {n} peak MB" for n in names)
             + f" | {names[0]} / {names[1]} |\n|" + "---|" * (2 * len(names) + 2))
@@ -190,8 +194,10 @@ def _trained(rows: Sequence[Mapping[str, Any]], out_dir: str) -> list[_Pipeline]
         ckpt = run / "best.pt" if (run / "best.pt").exists() else run / "last.pt"
         model = model_from_checkpoint(ckpt)
         eps = r.get("dbscan_eps")
-        name = "end-to-end" if r["model_name"] == "track-reconstruction" else f"{r['model']} + DBSCAN"
-        pipes.append(_Pipeline(name, model, None if r["model_name"] == "track-reconstruction" else float(eps)))
+        e2e = r["model_name"] == "track-reconstruction"
+        if e2e and not model.sector_hits:   # the sector size of its training clouds, in events of any size
+            model.sector_hits = math.ceil(float(r["hits_per_event"]) / model.num_sectors)
+        pipes.append(_Pipeline("end-to-end" if e2e else f"{r['model']} + DBSCAN", model, None if e2e else float(eps)))
     return pipes
 
 

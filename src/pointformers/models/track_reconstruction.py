@@ -86,6 +86,12 @@ class TrackReconstructor(nn.Module):
         embed_dim: size of the InfoNCE hit embedding.
         num_slots: track slots per sector.
         sectors: azimuthal sectors per event (published: 3).
+        sector_hits: ``> 0``: each event is cut into ``max(sectors, ⌈n / sector_hits⌉)`` sectors (``n`` the most
+            real hits of an event in the batch), so that a model trained on clouds of ``sectors · sector_hits``
+            hits meets sectors of the size it was trained on in a larger event (a full 60k-hit event for a model
+            of the tracking-6k preset): its ``num_slots`` per sector cover the sector's tracks. Eager only: an
+            exported graph has a fixed sector count (export with ``sectors`` set and ``sector_hits`` 0). 0
+            (default): always ``sectors``.
         overlap: fraction of a sector added on each side (0 = disjoint sectors).
         stitch_min_hits: with overlapping sectors, two tracks of neighbouring sectors that share at least
             this many overlap hits become one (:func:`~pointformers.nn.track_decoder.stitch_tracks`); 0: off.
@@ -136,8 +142,11 @@ class TrackReconstructor(nn.Module):
                  stitch_min_hits: int = 0, sector_frame: bool = False, eta_column: int = 0,
                  frame_columns: Sequence[int] = (),
                  merge_max_hits: int = 2, merge_radius: float = 0.0, param_fit: bool = True, seed_slots: bool = False,
-                 assign_space: str = "features"):
+                 assign_space: str = "features", sector_hits: int = 0):
         super().__init__()
+        if not isinstance(sector_hits, int) or isinstance(sector_hits, bool) or sector_hits < 0:
+            raise ValueError(f"sector_hits: expected an integer >= 0 (0: always `sectors` sectors), got {sector_hits!r}")
+        self.sector_hits = sector_hits
         if assign_space not in ("features", "embedding"):
             raise ValueError(f"assign_space: expected 'features' (the published dot product with the hit features) or "
                              f"'embedding' (a kernel around each slot's centre in the InfoNCE embedding), got {assign_space!r}")
@@ -216,7 +225,7 @@ class TrackReconstructor(nn.Module):
         if mask is None:
             mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         h = self.encoder(x, coords, mask)                                    # (B, N, dim), checked inputs
-        sectors = phi_sectors(coords[..., self.phi_column], mask, self.num_sectors, self.overlap)
+        sectors = phi_sectors(coords[..., self.phi_column], mask, self.sector_count(mask), self.overlap)
         pos = None
         if self.sector_frame:
             pos = sector_frame(coords[..., self.eta_column], coords[..., self.phi_column], sectors)
@@ -254,26 +263,41 @@ class TrackReconstructor(nn.Module):
         run sectors of one hit)."""
         return 2 * self.num_sectors
 
+    def sector_count(self, mask: torch.Tensor) -> int:
+        """Sectors per event for a batch of events with real-hit ``mask`` ``(B, N)``: ``sectors``, or with
+        ``sector_hits`` the count that keeps every sector within ``sector_hits`` real hits (never fewer than
+        ``sectors``)."""
+        if not self.sector_hits:
+            return self.num_sectors
+        if is_tracing():
+            raise ValueError(f"sector_hits={self.sector_hits}: the sector count follows the event's size in eager "
+                             f"mode only; export a model with a fixed `sectors` and sector_hits 0")
+        most = int(mask.sum(1).max()) if mask.numel() else 0
+        return max(self.num_sectors, -(-most // self.sector_hits))
+
     def assign(self, out: TrackOutput, num_hits: int, threshold: Optional[float] = None) -> torch.Tensor:
         """Track labels ``(B, N)`` from a forward's output before merging: each hit's best slot of its
         sector (−1 = no track, and at padding); ``threshold`` overrides the model's own."""
         labels, scores = assign_hits(out.stages[-1], out.sectors.mask, self.threshold if threshold is None else threshold)
         return labels_to_hits(labels, scores, out.sectors, num_hits, self.num_slots, self.stitch_min_hits)
 
-    def merge(self, labels: torch.Tensor, embedding: torch.Tensor, merge_radius: Optional[float] = None) -> torch.Tensor:
+    def merge(self, labels: torch.Tensor, embedding: torch.Tensor, merge_radius: Optional[float] = None,
+              sectors: Optional[int] = None) -> torch.Tensor:
         """:meth:`assign`'s labels ``(B, N)`` merged by the hit embedding ``(B, N, D)`` (:func:`merge_tracks`
-        with the model's ``merge_max_hits``; ``merge_radius`` overrides the model's own)."""
+        with the model's ``merge_max_hits``; ``merge_radius`` overrides the model's own); ``sectors``: the
+        sectors per event of the forward that gave the labels (default: the model's ``sectors``)."""
         radius = self.merge_radius if merge_radius is None else merge_radius
         if self.merge_max_hits == 0 and radius == 0:
             return labels
-        return merge_tracks(labels, embedding, self.num_sectors * self.num_slots, self.merge_max_hits, radius)
+        k = self.num_sectors if sectors is None else sectors
+        return merge_tracks(labels, embedding, k * self.num_slots, self.merge_max_hits, radius)
 
     def labels_from(self, out: TrackOutput, num_hits: int, threshold: Optional[float] = None,
                     merge_radius: Optional[float] = None) -> torch.Tensor:
         """Track labels ``(B, N)`` from a forward's output (−1 = no track, and at padding): :meth:`assign` then
         :meth:`merge`; ``threshold`` and ``merge_radius`` override the model's own (e.g. ones chosen on
         validation data)."""
-        return self.merge(self.assign(out, num_hits, threshold), out.embedding, merge_radius)
+        return self.merge(self.assign(out, num_hits, threshold), out.embedding, merge_radius, out.sectors.k)
 
     @accepts_flat_inputs(2, 2, per_point=True)
     def track_labels(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -347,9 +371,10 @@ def merge_tracks(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: Opti
     * With ``radius`` > 0, every other track joins the nearest *larger* track (more hits; equal size: the
       higher label) whose mean embedding lies within ``radius`` of its own.
 
-    Joins chain (a track joins where its target goes); labels are those of the receiving tracks. Fixed
-    shapes throughout (``(B, num_tracks)`` sizes and centres, a ``(B, num_tracks, num_tracks)`` distance
-    table), so the step exports with the model.
+    Joins chain (a track joins where its target goes); labels are those of the receiving tracks. Traced
+    (export), fixed shapes throughout (``(B, num_tracks)`` sizes and centres, a ``(B, num_tracks, num_tracks)``
+    distance table); eager, the same result from each event's tracks that have hits alone, their distances
+    in chunks of rows (a full event's sectors give tens of thousands of possible labels, a few thousand tracks).
 
     Args:
         labels: ``(B, N)`` or ``(N,)`` int64 track labels in ``[0, num_tracks)``, −1 = no track (never changed).
@@ -374,6 +399,9 @@ def merge_tracks(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: Opti
         return labels[0] if one else labels
     if not is_tracing() and labels.numel() and int(labels.max()) >= num_tracks:
         raise ValueError(f"merge_tracks: labels must lie in [-1, num_tracks={num_tracks}), got {int(labels.max())}")
+    if not is_tracing():
+        return torch.stack([_merge_event(lab, emb, num_tracks, max_hits, radius)
+                            for lab, emb in zip(labels, embedding)])[0 if one else slice(None)]
     b, t = labels.shape[0], num_tracks
     real = labels >= 0
     idx = torch.where(real, labels, torch.zeros_like(labels))
@@ -401,6 +429,44 @@ def merge_tracks(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: Opti
         parent = parent.gather(1, parent)
     out = torch.where(real, parent.gather(1, idx), labels)
     return out[0] if one else out
+
+
+#: (track, track) distances per chunk of rows in the eager merge (16 MB of float32).
+MERGE_CHUNK_ELEMS = 1 << 22
+
+
+def _merge_event(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: int, max_hits: int,
+                 radius: float) -> torch.Tensor:
+    """:func:`merge_tracks` of one event ``labels (N,)``, ``embedding (N, D)`` over the ``A`` tracks that have hits:
+    ``(A, A)`` distances at most, in chunks of rows."""
+    real = labels >= 0
+    if not bool(real.any()):
+        return labels.clone()
+    ids, inv = torch.unique(labels[real], return_inverse=True)                 # (A,) sorted labels
+    a = ids.numel()
+    emb = embedding[real].float()
+    size = torch.zeros(a, dtype=emb.dtype, device=emb.device).index_add_(0, inv, torch.ones_like(emb[:, 0]))
+    centre = torch.zeros(a, emb.shape[-1], dtype=emb.dtype, device=emb.device).index_add_(0, inv, emb) / size[:, None]
+    sq = (centre * centre).sum(-1)
+    whole = size > max_hits
+    rank = size.long() * num_tracks + ids                                      # size, then label: all distinct
+    parent = torch.arange(a, device=labels.device)
+    rows = torch.nonzero((size <= max_hits) | (radius > 0 and whole)).flatten() if bool(whole.any()) else parent[:0]
+    step = max(1, MERGE_CHUNK_ELEMS // a)
+    for s in range(0, rows.numel(), step):
+        r = rows[s:s + step]
+        d2 = (sq[r, None] + sq[None, :] - 2 * centre[r] @ centre.T).clamp(min=0)   # (c, A)
+        frag = ~whole[r]
+        # a fragment: the nearest whole track; a whole track (radius > 0): the nearest larger whole track within it
+        ok = whole[None, :] & (frag[:, None] | ((rank[None, :] > rank[r, None]) & (d2 < radius * radius)))
+        best, near = d2.masked_fill(~ok, float("inf")).min(1)
+        parent[r] = torch.where(torch.isfinite(best), near, r)
+    # follow the joins to their end: each step goes to a larger track, so there are no cycles
+    for _ in range(max(1, (a - 1).bit_length())):
+        parent = parent[parent]
+    out = labels.clone()
+    out[real] = ids[parent[inv]]
+    return out
 
 
 @register_model("track-reconstruction", task="track-reconstruction", export=None)
