@@ -464,11 +464,11 @@ def test_the_assignment_threshold_and_merging_radius_are_chosen_on_validation_cl
     for k in (0, 4, len(THRESHOLD_GRID) - 2):
         model.assign = lambda out, n, threshold=None, k=k: (pid if threshold == THRESHOLD_GRID[k]
                                                            else torch.full_like(pid, -1))[None]
-        model.merge = lambda labels, emb, radius=None: labels
+        model.merge = lambda labels, emb, radius=None, sectors=None: labels
         assert task.choose_assignment(model, val) == (THRESHOLD_GRID[k], 0.0, 1.0)
     for k in (1, len(MERGE_RADIUS_GRID) - 1):
         model.assign = lambda out, n, threshold=None: torch.full_like(pid, -1)[None]
-        model.merge = lambda labels, emb, radius=None, k=k: pid[None] if radius == MERGE_RADIUS_GRID[k] else labels
+        model.merge = lambda labels, emb, radius=None, sectors=None, k=k: pid[None] if radius == MERGE_RADIUS_GRID[k] else labels
         assert task.choose_assignment(model, val) == (THRESHOLD_GRID[-1], MERGE_RADIUS_GRID[k], 1.0)
     model.assign, model.merge = real_assign, real_merge
     val_metrics = task.evaluate(model, val)                  # the validation metric: at the chosen setting

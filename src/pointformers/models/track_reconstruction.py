@@ -297,7 +297,7 @@ class TrackReconstructor(nn.Module):
         """Track labels ``(B, N)`` from a forward's output (−1 = no track, and at padding): :meth:`assign` then
         :meth:`merge`; ``threshold`` and ``merge_radius`` override the model's own (e.g. ones chosen on
         validation data)."""
-        return self.merge(self.assign(out, num_hits, threshold), out.embedding, merge_radius, out.sectors.k)
+        return self.merge(self.assign(out, num_hits, threshold), out.embedding, merge_radius, sectors=out.sectors.k)
 
     @accepts_flat_inputs(2, 2, per_point=True)
     def track_labels(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -200,7 +200,7 @@ class TrackReconstructionTask:
                 for t, r in (settings if settings is not None else [(None, None)]):
                     if t not in raw:
                         raw[t] = model.assign(out, c.num_hits, t)
-                    per.append(model.merge(raw[t], out.embedding, r, out.sectors.k)[0].cpu().numpy())
+                    per.append(model.merge(raw[t], out.embedding, r, sectors=out.sectors.k)[0].cpu().numpy())
                     if keep_raw:
                         unmerged.append(raw[t][0].cpu().numpy())
                 res.append((np.stack(per) if settings is not None else per[0], out,
@@ -223,8 +223,8 @@ class TrackReconstructionTask:
         """:meth:`choose_assignment`'s ``(threshold, radius, score)`` and each cloud's labels ``(n,)`` there."""
         pred = self._predict(model, clouds, [(t, None) for t in thresholds], keep_raw=True)
         i, _ = _best_setting([lab for lab, _, _ in pred], clouds)
-        merged = [np.stack([model.merge(torch.as_tensor(raw[i])[None], out.embedding, r, out.sectors.k)[0].cpu().numpy()
-                             for r in radii])
+        merged = [np.stack([model.merge(torch.as_tensor(raw[i])[None], out.embedding, r,
+                                        sectors=out.sectors.k)[0].cpu().numpy() for r in radii])
                   for _, out, raw in pred]
         j, score = _best_setting(merged, clouds, prefer_last=False)
         return float(thresholds[i]), float(radii[j]), score, [lab[j] for lab in merged]
