@@ -437,8 +437,9 @@ MERGE_CHUNK_ELEMS = 1 << 22
 
 def _merge_event(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: int, max_hits: int,
                  radius: float) -> torch.Tensor:
-    """:func:`merge_tracks` of one event ``labels (N,)``, ``embedding (N, D)`` over the ``A`` tracks that have hits:
-    ``(A, A)`` distances at most, in chunks of rows."""
+    """:func:`merge_tracks` of one event ``labels (N,)``, ``embedding (N, D)`` over the tracks that have hits: the
+    distances of the tracks that may join another (fragments; with ``radius`` the whole tracks too) to the ``W``
+    whole tracks, in chunks of rows."""
     real = labels >= 0
     if not bool(real.any()):
         return labels.clone()
@@ -451,16 +452,16 @@ def _merge_event(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: int,
     whole = size > max_hits
     rank = size.long() * num_tracks + ids                                      # size, then label: all distinct
     parent = torch.arange(a, device=labels.device)
-    rows = torch.nonzero((size <= max_hits) | (radius > 0 and whole)).flatten() if bool(whole.any()) else parent[:0]
-    step = max(1, MERGE_CHUNK_ELEMS // a)
+    cols = torch.nonzero(whole).flatten()                                      # (W,): a join always goes to one
+    rows = torch.nonzero((size <= max_hits) | (radius > 0 and whole)).flatten() if cols.numel() else cols
+    step = max(1, MERGE_CHUNK_ELEMS // max(1, cols.numel()))
     for s in range(0, rows.numel(), step):
         r = rows[s:s + step]
-        d2 = (sq[r, None] + sq[None, :] - 2 * centre[r] @ centre.T).clamp(min=0)   # (c, A)
-        frag = ~whole[r]
+        d2 = (sq[r, None] + sq[None, cols] - 2 * centre[r] @ centre[cols].T).clamp(min=0)   # (c, W)
         # a fragment: the nearest whole track; a whole track (radius > 0): the nearest larger whole track within it
-        ok = whole[None, :] & (frag[:, None] | ((rank[None, :] > rank[r, None]) & (d2 < radius * radius)))
+        ok = ~whole[r, None] | ((rank[None, cols] > rank[r, None]) & (d2 < radius * radius))
         best, near = d2.masked_fill(~ok, float("inf")).min(1)
-        parent[r] = torch.where(torch.isfinite(best), near, r)
+        parent[r] = torch.where(torch.isfinite(best), cols[near], r)
     # follow the joins to their end: each step goes to a larger track, so there are no cycles
     for _ in range(max(1, (a - 1).bit_length())):
         parent = parent[parent]
