@@ -194,7 +194,7 @@ def _merge_reference(labels: np.ndarray, emb: np.ndarray, max_hits: int, radius:
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("path", ["eager", "eager-chunked", "traced"])
+@pytest.mark.parametrize("path", ["eager", "eager-chunked", "eager-fine-grid", "traced"])
 def test_merge_tracks_with_a_radius_equals_the_loops(seed, path, monkeypatch):
     # every other track joins the nearest larger one within the radius (equal sizes: the higher label),
     # joins chain; fragments as above. Eager: the tracks with hits alone, their distances in chunks of rows
@@ -204,6 +204,8 @@ def test_merge_tracks_with_a_radius_equals_the_loops(seed, path, monkeypatch):
     monkeypatch.setattr(tr, "is_tracing", lambda: path == "traced")
     if path == "eager-chunked":
         monkeypatch.setattr(tr, "MERGE_CHUNK_ELEMS", 1)
+    if path == "eager-fine-grid":   # cells far smaller than the tracks' spacing: most fragments compared with all
+        monkeypatch.setattr(tr, "MERGE_CELL_TRACKS", 1e-4)
     g = np.random.default_rng(seed)
     n, t = 80, 14
     labels = g.integers(-1, t, n)
@@ -217,6 +219,28 @@ def test_merge_tracks_with_a_radius_equals_the_loops(seed, path, monkeypatch):
     assert merge_tracks(lab, e, radius=0.35).tolist() == [1] * 12
     assert merge_tracks(lab, e, radius=0.25).tolist() == lab.tolist()
     assert merge_tracks(torch.tensor([4, 4, 4, 6, 6, 6]), torch.zeros(6, 2), radius=0.1).tolist() == [6] * 6
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_eager_merging_equals_the_exported_table_on_many_tracks(seed, monkeypatch):
+    """Eager merging compares each joining track with the whole tracks of the neighbouring cells of a grid (the rest
+    only for a fragment with none within a cell): the labels of the fixed-shape table the export traces, for
+    hundreds of tracks in a 12-d embedding, clustered and spread, with and without a radius, over several events."""
+    import pointformers.models.track_reconstruction as tr
+
+    g = torch.Generator().manual_seed(seed)
+    t, n = 600, 3000
+    labels = torch.randint(-1, t, (2, n), generator=g)
+    labels[1, :1500] = torch.randint(-1, 40, (1500,), generator=g)       # a second event: fewer, larger tracks
+    centres = torch.randn(t, 12, generator=g) * torch.tensor([3.0] * 3 + [0.3] * 9)
+    emb = centres[labels.clamp(min=0)] + 0.05 * torch.randn(2, n, 12, generator=g)
+    for max_hits, radius in ((2, 0.0), (5, 0.0), (2, 0.3), (4, 1.5), (0, 0.8)):
+        eager = merge_tracks(labels, emb, t, max_hits, radius)
+        monkeypatch.setattr(tr, "is_tracing", lambda: True)
+        traced = merge_tracks(labels, emb, t, max_hits, radius)
+        monkeypatch.setattr(tr, "is_tracing", lambda: False)
+        assert torch.equal(eager, traced), (max_hits, radius, int((eager != traced).sum()))
+        assert (eager != labels).any() or max_hits == 0
 
 
 # ---------------------------------------------------------------------------- the engine's task, export

@@ -431,15 +431,86 @@ def merge_tracks(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: Opti
     return out[0] if one else out
 
 
-#: (track, track) distances per chunk of rows in the eager merge (16 MB of float32).
+#: (track, track) distances per chunk in the eager merge (16 MB of float32).
 MERGE_CHUNK_ELEMS = 1 << 22
 
+#: Whole tracks per grid cell the eager merge aims at (its cell size follows from it).
+MERGE_CELL_TRACKS = 4
 
+
+def _dense_joins(centre, sq, rank, whole, rows, cols, radius):
+    """Each row's join: the nearest column (a fragment row: any; a whole row: larger and within ``radius``), all
+    columns compared, in chunks of rows. Returns ``(best d², column)`` per row (``inf`` where none)."""
+    best = torch.full((rows.numel(),), float("inf"), device=centre.device)
+    near = torch.zeros(rows.numel(), dtype=torch.long, device=centre.device)
+    step = max(1, MERGE_CHUNK_ELEMS // max(1, cols.numel()))
+    for s in range(0, rows.numel(), step):
+        r = rows[s:s + step]
+        d2 = (sq[r, None] + sq[None, cols] - 2 * centre[r] @ centre[cols].T).clamp(min=0)   # (c, W)
+        ok = ~whole[r, None] | ((rank[None, cols] > rank[r, None]) & (d2 < radius * radius))
+        b, n = d2.masked_fill(~ok, float("inf")).min(1)
+        best[s:s + step], near[s:s + step] = b, cols[n]
+    return best, near
+
+
+def _grid_joins(centre, sq, rank, whole, rows, cols, radius):
+    """:func:`_dense_joins` from the columns in the neighbouring cells of a grid on the 3 (at most) coordinates of
+    widest spread, of cell size ``h`` >= ``radius``: every column within ``h`` of a row is among them (each
+    coordinate differs by at most the distance), so a whole row's join and a fragment's nearest column found
+    within ``h`` are exact; the fragments with none within ``h`` are compared with every column. About
+    ``MERGE_CELL_TRACKS`` columns per cell: linear in the tracks where :func:`_dense_joins` is quadratic."""
+    dev = centre.device
+    pts = centre[cols]
+    span = pts.amax(0) - pts.amin(0)
+    dims = span.argsort(descending=True)[:3]
+    g = dims.numel()
+    volume = float(span[dims].clamp(min=1e-12).prod())
+    h = max(float(radius), (volume * MERGE_CELL_TRACKS / cols.numel()) ** (1.0 / g), 1e-6)
+    lo = pts[:, dims].amin(0)
+    cell = lambda x: torch.floor((x[:, dims] - lo) / h).long()               # noqa: E731
+    ccell = cell(pts)                                                          # (W, g), >= 0
+    ext = ccell.amax(0) + 3                                                    # room for the ±1 offsets
+    stride = torch.cumprod(torch.cat([ext.new_ones(1), ext[:-1]]), 0)
+    ckey = ((ccell + 1) * stride).sum(1)
+    order = ckey.argsort()
+    skey, scol = ckey[order], cols[order]
+    # a row outside the grid by more than a cell has no column within h: clamped, its keys may alias other
+    # cells, which only adds candidates (every distance is computed exactly)
+    rcell = torch.minimum(cell(centre[rows]).clamp(min=-1), ext - 2)
+    offsets = torch.cartesian_prod(*[torch.arange(-1, 2, device=dev)] * g).view(-1, g)
+    keys = ((rcell[:, None, :] + 1 + offsets[None]) * stride).sum(-1)          # (R, 3^g)
+    first = torch.searchsorted(skey, keys.flatten())
+    count = torch.searchsorted(skey, keys.flatten(), right=True) - first      # (R·3^g,)
+    pair_row = torch.arange(rows.numel(), device=dev).repeat_interleave(keys.shape[1]).repeat_interleave(count)
+    start = torch.repeat_interleave(first - (torch.cumsum(count, 0) - count), count)
+    pair_col = scol[start + torch.arange(pair_row.numel(), device=dev)]
+    best = torch.full((rows.numel(),), float("inf"), device=dev)
+    near = torch.zeros(rows.numel(), dtype=torch.long, device=dev)
+    for s in range(0, pair_row.numel(), MERGE_CHUNK_ELEMS):
+        pr, pc = pair_row[s:s + MERGE_CHUNK_ELEMS], pair_col[s:s + MERGE_CHUNK_ELEMS]
+        r = rows[pr]
+        d2 = (sq[r] + sq[pc] - 2 * (centre[r] * centre[pc]).sum(-1)).clamp(min=0)
+        ok = ~whole[r] | ((rank[pc] > rank[r]) & (d2 < radius * radius))
+        d2 = d2.masked_fill(~ok, float("inf"))
+        # the nearest, ties to the lowest column, merged with the earlier chunks' best
+        cand = torch.full_like(best, float("inf")).scatter_reduce(0, pr, d2, "amin")
+        win = torch.full_like(near, cols.numel() and int(cols.max()) + 1)
+        win = win.scatter_reduce(0, pr, torch.where(d2 == cand[pr], pc, win[pr]), "amin")
+        take = (cand < best) | ((cand == best) & (win < near) & torch.isfinite(cand))
+        best, near = torch.where(take, cand, best), torch.where(take, win, near)
+    open_ = ~whole[rows] & (best > h * h)                                     # a fragment with nothing within h
+    if bool(open_.any()):
+        b, n = _dense_joins(centre, sq, rank, whole, rows[open_], cols, radius)
+        best[open_], near[open_] = b, n
+    return best, near
+
+
+@torch.no_grad()   # labels only
 def _merge_event(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: int, max_hits: int,
                  radius: float) -> torch.Tensor:
-    """:func:`merge_tracks` of one event ``labels (N,)``, ``embedding (N, D)`` over the tracks that have hits: the
-    distances of the tracks that may join another (fragments; with ``radius`` the whole tracks too) to the ``W``
-    whole tracks, in chunks of rows."""
+    """:func:`merge_tracks` of one event ``labels (N,)``, ``embedding (N, D)`` over the tracks that have hits: each
+    track that may join another (a fragment; with ``radius`` a whole track too) against the whole tracks near it
+    (:func:`_grid_joins`)."""
     real = labels >= 0
     if not bool(real.any()):
         return labels.clone()
@@ -454,14 +525,9 @@ def _merge_event(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: int,
     parent = torch.arange(a, device=labels.device)
     cols = torch.nonzero(whole).flatten()                                      # (W,): a join always goes to one
     rows = torch.nonzero((size <= max_hits) | (radius > 0 and whole)).flatten() if cols.numel() else cols
-    step = max(1, MERGE_CHUNK_ELEMS // max(1, cols.numel()))
-    for s in range(0, rows.numel(), step):
-        r = rows[s:s + step]
-        d2 = (sq[r, None] + sq[None, cols] - 2 * centre[r] @ centre[cols].T).clamp(min=0)   # (c, W)
-        # a fragment: the nearest whole track; a whole track (radius > 0): the nearest larger whole track within it
-        ok = ~whole[r, None] | ((rank[None, cols] > rank[r, None]) & (d2 < radius * radius))
-        best, near = d2.masked_fill(~ok, float("inf")).min(1)
-        parent[r] = torch.where(torch.isfinite(best), cols[near], r)
+    if rows.numel():
+        best, near = _grid_joins(centre, sq, rank, whole, rows, cols, radius)
+        parent[rows] = torch.where(torch.isfinite(best), near, rows)
     # follow the joins to their end: each step goes to a larger track, so there are no cycles
     for _ in range(max(1, (a - 1).bit_length())):
         parent = parent[parent]
