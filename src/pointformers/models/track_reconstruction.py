@@ -22,6 +22,7 @@ outputs=True)`` returns everything the losses need instead (:class:`TrackOutput`
 so, through DistributedDataParallel when distributed).
 """
 
+import math
 from typing import NamedTuple, Optional, Sequence
 
 import torch
@@ -453,22 +454,14 @@ def _dense_joins(centre, sq, rank, whole, rows, cols, radius):
     return best, near
 
 
-def _grid_joins(centre, sq, rank, whole, rows, cols, radius):
-    """:func:`_dense_joins` from the columns in the neighbouring cells of a grid on the 3 (at most) coordinates of
-    widest spread, of cell size ``h`` >= ``radius``: every column within ``h`` of a row is among them (each
-    coordinate differs by at most the distance), so a whole row's join and a fragment's nearest column found
-    within ``h`` are exact; the fragments with none within ``h`` are compared with every column. About
-    ``MERGE_CELL_TRACKS`` columns per cell: linear in the tracks where :func:`_dense_joins` is quadratic."""
+def _cell_joins(centre, rank, whole, rows, cols, radius, proj, h):
+    """:func:`_dense_joins` among the columns in the neighbouring cells (3^g) of each row's cell, on a grid of cell
+    size ``h`` on the tracks' projections ``proj`` ``(A, g)`` onto orthonormal axes: every column within ``h`` of
+    a row is among them (a projection's coordinates differ by at most the distance)."""
     dev = centre.device
-    pts = centre[cols]
-    span = pts.amax(0) - pts.amin(0)
-    dims = span.argsort(descending=True)[:3]
-    g = dims.numel()
-    volume = float(span[dims].clamp(min=1e-12).prod())
-    h = max(float(radius), (volume * MERGE_CELL_TRACKS / cols.numel()) ** (1.0 / g), 1e-6)
-    lo = pts[:, dims].amin(0)
-    cell = lambda x: torch.floor((x[:, dims] - lo) / h).long()               # noqa: E731
-    ccell = cell(pts)                                                          # (W, g), >= 0
+    lo = proj.index_select(0, cols).amin(0)
+    cell = lambda i: torch.floor((proj.index_select(0, i) - lo) / h).long()   # noqa: E731
+    ccell = cell(cols)                                                         # (W, g), >= 0
     ext = ccell.amax(0) + 3                                                    # room for the ±1 offsets
     stride = torch.cumprod(torch.cat([ext.new_ones(1), ext[:-1]]), 0)
     ckey = ((ccell + 1) * stride).sum(1)
@@ -476,32 +469,63 @@ def _grid_joins(centre, sq, rank, whole, rows, cols, radius):
     skey, scol = ckey[order], cols[order]
     # a row outside the grid by more than a cell has no column within h: clamped, its keys may alias other
     # cells, which only adds candidates (every distance is computed exactly)
-    rcell = torch.minimum(cell(centre[rows]).clamp(min=-1), ext - 2)
-    offsets = torch.cartesian_prod(*[torch.arange(-1, 2, device=dev)] * g).view(-1, g)
-    keys = ((rcell[:, None, :] + 1 + offsets[None]) * stride).sum(-1)          # (R, 3^g)
-    first = torch.searchsorted(skey, keys.flatten())
-    count = torch.searchsorted(skey, keys.flatten(), right=True) - first      # (R·3^g,)
-    pair_row = torch.arange(rows.numel(), device=dev).repeat_interleave(keys.shape[1]).repeat_interleave(count)
+    rcell = torch.minimum(cell(rows).clamp(min=-1), ext - 2)
+    offsets = torch.cartesian_prod(*[torch.arange(-1, 2, device=dev)] * proj.shape[1]).view(-1, proj.shape[1])
+    keys = ((rcell[:, None, :] + 1 + offsets[None]) * stride).sum(-1).flatten()   # (R·3^g,)
+    first = torch.searchsorted(skey, keys)
+    count = torch.searchsorted(skey, keys, right=True) - first
+    pair_row = torch.arange(rows.numel(), device=dev).repeat_interleave(offsets.shape[0]).repeat_interleave(count)
     start = torch.repeat_interleave(first - (torch.cumsum(count, 0) - count), count)
     pair_col = scol[start + torch.arange(pair_row.numel(), device=dev)]
     best = torch.full((rows.numel(),), float("inf"), device=dev)
     near = torch.zeros(rows.numel(), dtype=torch.long, device=dev)
+    none = int(cols.max()) + 1
     for s in range(0, pair_row.numel(), MERGE_CHUNK_ELEMS):
         pr, pc = pair_row[s:s + MERGE_CHUNK_ELEMS], pair_col[s:s + MERGE_CHUNK_ELEMS]
-        r = rows[pr]
-        d2 = (sq[r] + sq[pc] - 2 * (centre[r] * centre[pc]).sum(-1)).clamp(min=0)
-        ok = ~whole[r] | ((rank[pc] > rank[r]) & (d2 < radius * radius))
-        d2 = d2.masked_fill(~ok, float("inf"))
+        r = rows.index_select(0, pr)
+        # the difference itself, not the expansion of the table's product: no cancellation (near ties may go the
+        # other way than the exported table's, at float32 rounding)
+        d2 = (centre.index_select(0, r) - centre.index_select(0, pc)).square_().sum(-1)
+        ok = ~whole.index_select(0, r) | ((rank.index_select(0, pc) > rank.index_select(0, r)) & (d2 < radius * radius))
+        d2 = d2.masked_fill_(~ok, float("inf"))
         # the nearest, ties to the lowest column, merged with the earlier chunks' best
         cand = torch.full_like(best, float("inf")).scatter_reduce(0, pr, d2, "amin")
-        win = torch.full_like(near, cols.numel() and int(cols.max()) + 1)
-        win = win.scatter_reduce(0, pr, torch.where(d2 == cand[pr], pc, win[pr]), "amin")
+        win = torch.full_like(near, none).scatter_reduce(0, pr, torch.where(d2 == cand.index_select(0, pr), pc, none),
+                                                           "amin")
         take = (cand < best) | ((cand == best) & (win < near) & torch.isfinite(cand))
         best, near = torch.where(take, cand, best), torch.where(take, win, near)
-    open_ = ~whole[rows] & (best > h * h)                                     # a fragment with nothing within h
-    if bool(open_.any()):
-        b, n = _dense_joins(centre, sq, rank, whole, rows[open_], cols, radius)
-        best[open_], near[open_] = b, n
+    return best, near
+
+
+def _grid_joins(centre, sq, rank, whole, rows, cols, radius):
+    """:func:`_dense_joins` by :func:`_cell_joins` on the whole tracks' (at most) 3 principal axes (the embedding's
+    tracks lie near a low-dimensional subspace), with cells of about ``MERGE_CELL_TRACKS`` columns where the columns
+    are densest (a Gaussian's peak density) and at least ``radius`` wide: a whole row's join and a fragment's
+    nearest column found within a cell size are exact; the fragments with none are looked up again with cells
+    twice as large, and compared with every column once the cells span the grid. Linear in the tracks where
+    :func:`_dense_joins` is quadratic."""
+    pts = centre.index_select(0, cols)
+    mu = pts.mean(0)
+    evals, evecs = torch.linalg.eigh(((pts - mu).T @ (pts - mu) / pts.shape[0]).double())   # ascending
+    g = min(3, centre.shape[1])
+    axes = evecs[:, -g:].to(centre.dtype)                                      # (D, g), orthonormal
+    proj = (centre - mu) @ axes                                                # (A, g)
+    peak = (2 * math.pi) ** (g / 2) * float(evals[-g:].clamp(min=1e-12).sqrt().prod())
+    slack = 1.0 + 1e-4                                                         # the projection's float rounding
+    h = max(float(radius) * slack, (MERGE_CELL_TRACKS * peak / cols.numel()) ** (1.0 / g), 1e-6)
+    pc = proj.index_select(0, cols)
+    diagonal = float((pc.amax(0) - pc.amin(0)).norm())
+    best = torch.full((rows.numel(),), float("inf"), device=centre.device)
+    near = torch.zeros(rows.numel(), dtype=torch.long, device=centre.device)
+    todo = torch.arange(rows.numel(), device=centre.device)
+    while todo.numel():
+        if h > diagonal:   # cells as large as the grid: every column
+            best[todo], near[todo] = _dense_joins(centre, sq, rank, whole, rows[todo], cols, radius)
+            break
+        b, n = _cell_joins(centre, rank, whole, rows[todo], cols, radius, proj, h)
+        best[todo], near[todo] = b, n
+        todo = todo[~whole[rows[todo]] & (b > (h / slack) ** 2)]               # fragments with nothing within h
+        h *= 2.0
     return best, near
 
 
