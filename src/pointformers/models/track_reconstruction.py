@@ -374,8 +374,10 @@ def merge_tracks(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: Opti
 
     Joins chain (a track joins where its target goes); labels are those of the receiving tracks. Traced
     (export), fixed shapes throughout (``(B, num_tracks)`` sizes and centres, a ``(B, num_tracks, num_tracks)``
-    distance table); eager, the same result from each event's tracks that have hits alone, their distances
-    in chunks of rows (a full event's sectors give tens of thousands of possible labels, a few thousand tracks).
+    distance table); eager, the same joins from each event's tracks that have hits alone, each joining track
+    compared with the whole tracks near it (:func:`_grid_joins`: a full event's sectors give tens of thousands of
+    possible labels and thousands of tracks), its distances computed as differences (a near tie or a distance
+    within float32 rounding of ``radius`` may go the other way than in the table's expanded product).
 
     Args:
         labels: ``(B, N)`` or ``(N,)`` int64 track labels in ``[0, num_tracks)``, −1 = no track (never changed).
