@@ -75,3 +75,15 @@ def test_the_comparison_runs_end_to_end(tmp_path, monkeypatch):
     assert len(res["rows"]) == 6 and all("eff_dm" in r and r.get("track_report") for r in res["rows"])
     text = doc.read_text()
     assert "<!-- track-comparison-tiny:begin -->" in text and "seeds' rule" in text and "| 1,000 |" in text
+    # the same section from the recorded rows of the pieces, training nothing (the latency skipped: no sizes)
+    again = tc.main(["--preset", "tiny", "--seeds", "1", "2", "3", "--epochs", "1", "--hept",
+                     str(root / "configs/tracking-hept-small.yaml"), "--e2e",
+                     str(root / "configs/track-reconstruction-small.yaml"), "--out", str(tmp_path / "again"),
+                     "--reuse", str(tmp_path / "runs" / "results-tiny.json"), "--reused-only", "--sizes", "--curve"])
+    assert [(r["config"], r["seed"], r["eff_dm"]) for r in again["rows"]] == \
+        [(r["config"], r["seed"], r["eff_dm"]) for r in res["rows"]]
+    assert not (tmp_path / "again" / "tracking-hept-small-tiny-seed1").exists() and again["latency"] == []
+    with pytest.raises(ValueError, match="reuse|missing|recorded"):
+        tc.main(["--preset", "tiny", "--seeds", "4", "--epochs", "1", "--hept", str(root / "configs/tracking-hept-small.yaml"),
+                 "--e2e", str(root / "configs/track-reconstruction-small.yaml"), "--out", str(tmp_path / "none"),
+                 "--reuse", str(tmp_path / "runs" / "results-tiny.json"), "--reused-only", "--sizes", "--curve"])

@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from .harness import machine, recorded_command
+from .harness import machine, recorded_command, without_bookkeeping
 from .hep_comparison import _by_config
 from .seed_rule import compare as seed_compare
 from .seed_rule import mean_std
@@ -61,13 +61,16 @@ _COLUMNS = (("eff DM", "eff_dm", ".3f"), ("eff perfect", "eff_perfect", ".3f"), 
 
 def compare_accuracy(hept_config: str, e2e_config: str, preset: str | None, seeds: Sequence[int],
                      out_dir: str, epochs: int | None = None, overrides: Sequence[str] = (), resume: bool = False,
-                     log: Callable[[str], None] | None = print) -> list[dict[str, Any]]:
+                     log: Callable[[str], None] | None = print, reuse: Sequence[str] = (),
+                     reused_only: bool = False) -> list[dict[str, Any]]:
     """Train and test both configs once per seed (:func:`~.hep_comparison.compare_configs`): one row per
-    (config, seed) with the test metrics and the task's ``track_report`` (the tables against pT and η)."""
+    (config, seed) with the test metrics and the task's ``track_report`` (the tables against pT and η).
+    ``reuse``/``reused_only``: rows of earlier pieces (``results-<preset>.json``), as
+    :func:`~.hep_comparison.compare_configs` takes them (a row recorded with another config is refused)."""
     from .hep_comparison import compare_configs
 
     return compare_configs([hept_config, e2e_config], preset=preset, epochs=epochs, out_dir=out_dir, seeds=seeds,
-                           overrides=overrides, resume=resume, log=log)
+                           overrides=overrides, resume=resume, log=log, reuse=reuse, reused_only=reused_only)
 
 
 def _vals(group: Sequence[Mapping[str, Any]], key: str) -> list[float]:
@@ -192,6 +195,10 @@ def _trained(rows: Sequence[Mapping[str, Any]], out_dir: str) -> list[_Pipeline]
         r = min(g, key=lambda row: row["seed"])
         run = Path(out_dir) / (f"{Path(r['config']).stem}-{r['preset']}-seed{r['seed']}")
         ckpt = run / "best.pt" if (run / "best.pt").exists() else run / "last.pt"
+        if not ckpt.exists():
+            raise ValueError(f"latency: times the first seed's trained models, but {run} holds no checkpoint "
+                             f"(rows reused from another machine?); put that run folder there, or skip the "
+                             f"latency with --sizes --curve (no sizes)")
         model = model_from_checkpoint(ckpt)
         eps = r.get("dbscan_eps")
         e2e = r["model_name"] == "track-reconstruction"
@@ -219,26 +226,37 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--resume", action="store_true", help="evaluate finished runs, resume unfinished ones")
+    p.add_argument("--reuse", nargs="+", default=[], metavar="JSON",
+                   help="results-<preset>.json files of earlier pieces: runs recorded there with the same resolved "
+                        "config are taken from them (their timing columns measured again)")
+    p.add_argument("--reused-only", action="store_true",
+                   help="train nothing: every run must be found in --reuse (the missing ones are named)")
     p.add_argument("--write", default=None, help="markdown file whose section is replaced")
     a = p.parse_args(argv)
     if a.threads is not None:
         torch.set_num_threads(a.threads)
-    rows = compare_accuracy(a.hept, a.e2e, a.preset, a.seeds, a.out, a.epochs, a.overrides, a.resume)
-    pipes = _trained(rows, a.out)
-    print("latency:")
-    table = latency(pipes, a.sizes, a.repeats)
-    curve = latency(pipes, a.curve, a.repeats, memory=False)
+    rows = compare_accuracy(a.hept, a.e2e, a.preset, a.seeds, a.out, a.epochs, a.overrides, a.resume,
+                            reuse=a.reuse, reused_only=a.reused_only)
+    table, curve, names = [], [], []
+    if a.sizes or a.curve:
+        pipes = _trained(rows, a.out)
+        names = [p.name for p in pipes]
+        print("latency:")
+        table = latency(pipes, a.sizes, a.repeats)
+        curve = latency(pipes, a.curve, a.repeats, memory=False)
     res = {"machine": machine(), "rows": rows, "latency": table, "curve": curve}
     write_json(Path(a.out) / "track-comparison.json", res)
     tag = rows[0]["preset"]
-    text = (f"Machine: {machine()}; torch threads {torch.get_num_threads()}. Data preset `{tag}`, test split; both "
+    trained_on = "; ".join(sorted({r.get("machine") or "not recorded" for r in rows}))
+    text = (f"Machine: {machine()}; torch threads {torch.get_num_threads()} (training: {trained_on}). Data preset "
+            f"`{tag}`, test split; both "
             f"configs trained with their `train` sections{f' for {a.epochs} epochs' if a.epochs else ''} once per "
             f"seed ({', '.join(map(str, a.seeds))}).\n\n" + accuracy_text(rows) + "\n\n"
-            + latency_text(table, curve, [p.name for p in pipes], a.repeats))
+            + (latency_text(table, curve, names, a.repeats) if table or curve else "Latency: not measured (no sizes)."))
     print(text)
     if a.write:
         cmd = recorded_command("pointformers.bench.track_comparison",
-                               [x for x in (argv if argv is not None else sys.argv[1:]) if x != "--resume"])
+                               without_bookkeeping(list(argv if argv is not None else sys.argv[1:])))
         _write_doc(a.write, f"track-comparison-{tag}", text, cmd)
     return res
 
