@@ -252,13 +252,16 @@ def test_batched_sectors_equal_sectors_run_one_at_a_time(attention_mask, seed_sl
 
 
 @pytest.mark.parametrize("attention_mask", [False, True])
-def test_inference_path_equals_the_training_path(attention_mask):
-    """Without autograd the decoder takes its in-place softmax (and no mask when nothing is padded);
-    ``last_only`` skips the intermediate heads: the same predictions as with autograd."""
-    dec = _decoder(attention_mask=attention_mask)
+@pytest.mark.parametrize("mask_threshold", [0.5, 0.2])
+def test_inference_path_equals_the_training_path(attention_mask, mask_threshold):
+    """Without autograd the decoder takes its in-place softmax (and no mask when nothing is padded) and attends by
+    the slots' claims (those claiming none by the fused kernel, the others pair by pair); ``last_only`` skips the
+    intermediate heads: the same predictions as with autograd (the masked fused attention), with padding and a
+    sector without a real hit."""
+    dec = _decoder(attention_mask=attention_mask, mask_threshold=mask_threshold)
     g = torch.Generator().manual_seed(5)
-    hits = torch.randn(3, 12, 16, generator=g, dtype=torch.float64)
-    for mask in (None, torch.arange(12)[None].expand(3, 12) < torch.tensor([[12], [7], [3]])):
+    hits = torch.randn(4, 12, 16, generator=g, dtype=torch.float64) * 2
+    for mask in (None, torch.arange(12)[None].expand(4, 12) < torch.tensor([[12], [7], [3], [0]])):
         with torch.enable_grad():
             ref = dec(hits, mask)
         with torch.no_grad():

@@ -132,6 +132,16 @@ class DecoderOutput(NamedTuple):
     slots: torch.Tensor
 
 
+class _Claims(NamedTuple):
+    """The Mask2Former mask in the form eager inference attends by: ``claimed`` ``(S, M, n)`` bool, the hits each
+    slot claims (real hits only), ``some`` ``(S, M)`` whether it claims any, ``keys`` ``(S, n)`` bool, the hits a
+    slot claiming none sees (the real hits; every position in a sector without one)."""
+
+    claimed: torch.Tensor
+    some: torch.Tensor
+    keys: torch.Tensor
+
+
 class _Attention(nn.Module):
     """Multi-head attention with its own projections and a boolean mask: PyTorch's fused attention when eager,
     written out (scores, masked softmax, weighted sum) when traced, so that torch.export traces it for any hit
@@ -158,6 +168,9 @@ class _Attention(nn.Module):
             return proj(t.flatten(0, 1)).unflatten(0, t.shape[:2]).unflatten(-1, (h, d // h)).transpose(1, 2)
 
         scale = (d // h) ** -0.5
+        if isinstance(allowed, _Claims):
+            y = _attend_claims(split(self.q, q), split(self.k, k_in), split(self.v, kv), allowed, scale)
+            return self.o(y.transpose(1, 2).reshape(s, m, d))
         if not is_tracing():
             # eager (training and inference): PyTorch's fused attention, forward and backward (no (S, h, M, n)
             # score tensor kept); every row of ``allowed`` has a True entry (_allowed's fallbacks), so no row
@@ -171,6 +184,45 @@ class _Attention(nn.Module):
             scores = scores.masked_fill(~allowed, float("-inf"))
         y = self.dropout(torch.softmax(scores, -1)) @ split(self.v, kv)
         return self.o(y.transpose(1, 2).reshape(s, m, d))
+
+
+def _attend_claims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, claims: _Claims, scale: float) -> torch.Tensor:
+    """Attention under the Mask2Former mask without the ``(S, M, n)`` mask: the slots that claim no hit (most of them)
+    attend to their sector's ``keys`` by the fused kernel (a ``(S, 1, 1, n)`` mask at most), each slot that claims
+    hits to those alone, pair by pair (a softmax per slot over its few pairs). q ``(S, h, M, e)``, k, v
+    ``(S, h, n, e)`` -> ``(S, h, M, e)``; the same as the masked attention up to float rounding."""
+    S, h, M, e = q.shape
+    out = q.new_zeros(S, h, M, e)
+    rest = ~claims.some                                                         # (S, M)
+    if bool(rest.any()):
+        # the non-claiming slots of each sector first (stable order), padded to the most any sector has
+        count = rest.sum(1)
+        width = int(count.max())
+        order = torch.sort((~rest).to(torch.int8), dim=1, stable=True).indices[:, :width]   # (S, width)
+        rows = order[:, None, :, None].expand(S, h, width, e)
+        key_mask = None
+        if not bool(claims.keys.all()):
+            key_mask = torch.zeros(claims.keys.shape, dtype=q.dtype, device=q.device).masked_fill_(
+                ~claims.keys, float("-inf"))[:, None, None]
+        y = F.scaled_dot_product_attention(torch.gather(q, 2, rows), k, v, attn_mask=key_mask, scale=scale)
+        valid = torch.arange(width, device=q.device)[None] < count[:, None]         # (S, width)
+        out.scatter_(2, rows, y * valid[:, None, :, None].to(y.dtype))
+    if bool(claims.some.any()):
+        sec, slot, hit = torch.nonzero(claims.claimed, as_tuple=True)               # (P,) each, slot-major
+        row = sec * M + slot
+        qp = q.permute(0, 2, 1, 3)[sec, slot]                                       # (P, h, e)
+        kp, vp = k.permute(0, 2, 1, 3)[sec, hit], v.permute(0, 2, 1, 3)[sec, hit]
+        z = (qp * kp).sum(-1) * scale                                               # (P, h)
+        top = torch.full((S * M, h), float("-inf"), dtype=z.dtype, device=z.device).scatter_reduce_(
+            0, row[:, None].expand(-1, h), z, "amax")
+        w = torch.exp(z - top[row])
+        norm = torch.zeros(S * M, h, dtype=z.dtype, device=z.device).index_add_(0, row, w)
+        acc = torch.zeros(S * M, h, e, dtype=z.dtype, device=z.device).index_add_(0, row, w[..., None] * vp)
+        some = claims.some.flatten()
+        y = acc[some] / norm[some][..., None]                                       # (R, h, e)
+        ys, ym = torch.nonzero(claims.some, as_tuple=True)
+        out[ys, :, ym] = y
+    return out
 
 
 class _DecoderLayer(nn.Module):
@@ -286,7 +338,9 @@ class TrackDecoder(nn.Module):
     def _allowed(self, mask: torch.Tensor, prev: Optional[DecoderOutput], dtype: torch.dtype) -> Optional[torch.Tensor]:
         """Which hits each slot may attend to, ``(S, 1, M, n)`` (``(S, 1, 1, n)`` without a previous stage):
         bool when traced, the equivalent additive mask (0 or −inf, of ``dtype``) when eager, which the
-        fused attention takes as it is (a bool mask it would convert, one more pass over the largest tensor).
+        fused attention takes as it is (a bool mask it would convert, one more pass over the largest tensor);
+        in eager inference with a previous stage, the claims themselves (:class:`_Claims`), which
+        :func:`_attend_claims` attends by without a mask over every slot and hit.
         A slot claims the hits whose assignment probability at the previous stage is at least the threshold;
         a row with nothing allowed (a sector with no real hit, or a slot that claims none) falls back to the
         real hits, then to every position, so softmax never sees an empty row. None (everything allowed)
@@ -304,7 +358,11 @@ class TrackDecoder(nn.Module):
         # every finite logit where it claims none (its real hits), −inf in a sector without real hits (all)
         level = math.log(self.mask_threshold) - math.log1p(-self.mask_threshold)
         logits = prev.assign_logits
-        if not (eager and mask.device.type == "cpu" and bool(mask.all())):
+        all_real = eager and mask.device.type == "cpu" and bool(mask.all())
+        if eager and not torch.is_grad_enabled():   # inference: the claims themselves (:func:`_attend_claims`)
+            claimed = logits >= level if all_real else (logits >= level) & mask[:, None, :]
+            return _Claims(claimed, claimed.any(-1), mask | ~mask.any(-1, keepdim=True))
+        if not all_real:
             logits = logits.masked_fill(~mask[:, None, :], float("-inf"))   # padding never claimed
         top = logits.amax(-1, keepdim=True)                                  # (S, M, 1)
         floor = torch.where(top > float("-inf"), torch.full_like(top, torch.finfo(top.dtype).min),
