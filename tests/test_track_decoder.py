@@ -319,6 +319,11 @@ def test_padding_hits_are_never_assigned():
     assert torch.isfinite(out.assign_logits).all() and torch.isfinite(out.object_logits).all()
     labels, scores = assign_hits(out, mask, threshold=0.0)
     assert bool((labels[~mask] == -1).all()) and bool((scores[~mask] == 0).all())
+    with torch.no_grad():   # consume: the scores take the logits' buffer, the same labels and scores
+        copy = DecoderOutput(out.object_logits, out.assign_logits.clone(), out.slots)
+        kept, kept_scores = assign_hits(copy, mask, threshold=0.0, consume=True)
+    assert torch.equal(kept, labels) and torch.equal(kept_scores, scores)
+    assert not torch.equal(copy.assign_logits, out.assign_logits)
     assert bool((labels[mask] >= 0).all())             # threshold 0: every real hit takes its best slot
     hi = DecoderOutput(torch.full((2, 5), 20.0), torch.full((2, 5, 9), 20.0), torch.zeros(2, 5, 16))
     labels, _ = assign_hits(hi, mask, threshold=0.5)

@@ -218,7 +218,7 @@ class TrackReconstructor(nn.Module):
                                  "(batch= or ptr=) gives the track labels only")
             return self.track_labels(x, coords, mask, batch=batch, ptr=ptr)
         out = self._outputs(x, coords, mask, last_only=not outputs)
-        return out if outputs else self.labels_from(out, x.shape[1])
+        return out if outputs else self.labels_from(out, x.shape[1], consume=True)
 
     def _outputs(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor],
                  last_only: bool = False) -> TrackOutput:
@@ -276,10 +276,13 @@ class TrackReconstructor(nn.Module):
         most = int(mask.sum(1).max()) if mask.numel() else 0
         return max(self.num_sectors, -(-most // self.sector_hits))
 
-    def assign(self, out: TrackOutput, num_hits: int, threshold: Optional[float] = None) -> torch.Tensor:
+    def assign(self, out: TrackOutput, num_hits: int, threshold: Optional[float] = None,
+               consume: bool = False) -> torch.Tensor:
         """Track labels ``(B, N)`` from a forward's output before merging: each hit's best slot of its
-        sector (−1 = no track, and at padding); ``threshold`` overrides the model's own."""
-        labels, scores = assign_hits(out.stages[-1], out.sectors.mask, self.threshold if threshold is None else threshold)
+        sector (−1 = no track, and at padding); ``threshold`` overrides the model's own; ``consume``: the
+        output's last assignment logits may be overwritten (:func:`~pointformers.nn.track_decoder.assign_hits`)."""
+        labels, scores = assign_hits(out.stages[-1], out.sectors.mask, self.threshold if threshold is None else threshold,
+                                     consume=consume)
         return labels_to_hits(labels, scores, out.sectors, num_hits, self.num_slots, self.stitch_min_hits)
 
     def merge(self, labels: torch.Tensor, embedding: torch.Tensor, merge_radius: Optional[float] = None,
@@ -294,17 +297,18 @@ class TrackReconstructor(nn.Module):
         return merge_tracks(labels, embedding, k * self.num_slots, self.merge_max_hits, radius)
 
     def labels_from(self, out: TrackOutput, num_hits: int, threshold: Optional[float] = None,
-                    merge_radius: Optional[float] = None) -> torch.Tensor:
+                    merge_radius: Optional[float] = None, consume: bool = False) -> torch.Tensor:
         """Track labels ``(B, N)`` from a forward's output (−1 = no track, and at padding): :meth:`assign` then
         :meth:`merge`; ``threshold`` and ``merge_radius`` override the model's own (e.g. ones chosen on
-        validation data)."""
-        return self.merge(self.assign(out, num_hits, threshold), out.embedding, merge_radius, sectors=out.sectors.k)
+        validation data); ``consume``: as :meth:`assign` (the forward's own labels pass do)."""
+        return self.merge(self.assign(out, num_hits, threshold, consume), out.embedding, merge_radius,
+                          sectors=out.sectors.k)
 
     @accepts_flat_inputs(2, 2, per_point=True)
     def track_labels(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Inference: ``(B, N)`` int64 track label of every hit, unique within an event, −1 for none (the
         forward's default output); flat input with ``batch=``/``ptr=`` as the forward."""
-        return self.labels_from(self._outputs(x, coords, mask, last_only=True), x.shape[1])
+        return self.labels_from(self._outputs(x, coords, mask, last_only=True), x.shape[1], consume=True)
 
 
 def track_parameters(params: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -320,12 +320,15 @@ class TrackDecoder(nn.Module):
         m = torch.arange(self.num_slots, device=mask.device)[None]
         return (2 * m + 1) * n // (2 * self.num_slots)
 
-    def predict(self, slots: torch.Tensor, hits: torch.Tensor, keys: Optional[torch.Tensor] = None) -> DecoderOutput:
+    def predict(self, slots: torch.Tensor, hits: torch.Tensor, keys: Optional[torch.Tensor] = None,
+                out: Optional[torch.Tensor] = None) -> DecoderOutput:
         """The heads on slots ``(S, M, dim)`` and normed hit features ``(S, n, dim)`` (with ``assign_dim``: the
-        hits' embeddings ``keys`` ``(S, n, assign_dim)``)."""
+        hits' embeddings ``keys`` ``(S, n, assign_dim)``); ``out``: an ``(S, M, n)`` buffer the assignment logits
+        are written into (no autograd)."""
         z = self.out_norm(slots)
         if not self.assign_dim:
-            return DecoderOutput(self.class_head(z).squeeze(-1), torch.einsum("smd,snd->smn", self.mask_embed(z), hits), z)
+            return DecoderOutput(self.class_head(z).squeeze(-1), torch.matmul(self.mask_embed(z), hits.transpose(1, 2),
+                                                                              out=out), z)
         c = self.centre(z)                                                                  # (S, M, E)
         beta = F.softplus(self.kernel[1])
         # α − β‖e − c‖² = [α − β‖c‖², 2βc, −β] · [1, e, ‖e‖²]: one batched product writes the (S, M, n) logits,
@@ -333,7 +336,8 @@ class TrackDecoder(nn.Module):
         slot_side = torch.cat([self.kernel[0] - beta * (c * c).sum(-1, keepdim=True), (2.0 * beta) * c,
                                (-beta).expand(c.shape[:-1] + (1,))], -1)                    # (S, M, E + 2)
         hit_side = torch.cat([torch.ones_like(keys[..., :1]), keys, (keys * keys).sum(-1, keepdim=True)], -1)
-        return DecoderOutput(self.class_head(z).squeeze(-1), slot_side @ hit_side.transpose(1, 2), z)
+        logits = torch.matmul(slot_side, hit_side.transpose(1, 2), out=out)
+        return DecoderOutput(self.class_head(z).squeeze(-1), logits, z)
 
     def _allowed(self, mask: torch.Tensor, prev: Optional[DecoderOutput], dtype: torch.dtype) -> Optional[torch.Tensor]:
         """Which hits each slot may attend to, ``(S, 1, M, n)`` (``(S, 1, 1, n)`` without a previous stage):
@@ -400,30 +404,38 @@ class TrackDecoder(nn.Module):
             seed_in = hits if hit_pos is None else hits + hit_pos * mask[..., None].to(hits.dtype)
             idx = self.seed_index(mask)[..., None].expand(-1, -1, self.dim)
             slots = slots + self.seed_proj(torch.gather(seed_in, 1, idx))
-        prev = self.predict(slots, hits, keys) if self.attention_mask else None
+        # eager inference of the last stage alone: every stage's logits in one buffer (each stage's are read before
+        # the next is written); a fresh (S, M, n) tensor per stage costs its first-touch page faults, which at
+        # 60k hits take as long as the product that fills it
+        buf = (hits.new_empty(hits.shape[0], self.num_slots, hits.shape[1])
+               if last_only and not is_tracing() and not torch.is_grad_enabled() else None)
+        prev = self.predict(slots, hits, keys, out=buf) if self.attention_mask else None
         outs = []
         for i, layer in enumerate(self.layers):
             allowed = self._allowed(mask, prev if self.attention_mask else None, hits.dtype)
             slots = layer(slots, hits, allowed, hit_pos)
             if last_only and not self.attention_mask and i + 1 < len(self.layers):
                 continue
-            prev = self.predict(slots, hits, keys)
+            prev = self.predict(slots, hits, keys, out=buf)
             outs.append(prev)
         return outs[-1:] if last_only else outs
 
 
-def assign_hits(out: DecoderOutput, mask: torch.Tensor, threshold: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+def assign_hits(out: DecoderOutput, mask: torch.Tensor, threshold: float = 0.5,
+                consume: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Each real hit's slot: the one of highest ``σ(object)·σ(assignment)``, or −1 below ``threshold``.
 
-    Returns ``(labels, scores)``, both ``(S, n)``: int64 slot index (−1 = no track, always −1 at padding)
-    and the best score (0 at padding).
+    ``consume``: ``out.assign_logits`` may be overwritten (eager inference: the scores take their buffer
+    instead of a new one of their size). Returns ``(labels, scores)``, both ``(S, n)``: int64 slot index
+    (−1 = no track, always −1 at padding) and the best score (0 at padding).
     """
     if not (0.0 <= threshold < 1.0):
         raise ValueError(f"assign_hits: threshold must be in [0, 1), got {threshold!r}")
     if is_tracing() or torch.is_grad_enabled():
         score = torch.sigmoid(out.object_logits)[..., None] * torch.sigmoid(out.assign_logits)   # (S, M, n)
-    else:   # eager inference: one (S, M, n) buffer, updated in place
-        score = torch.sigmoid(out.assign_logits).mul_(torch.sigmoid(out.object_logits)[..., None])
+    else:   # eager inference: one (S, M, n) buffer (the logits' own with consume), updated in place
+        score = out.assign_logits.sigmoid_() if consume else torch.sigmoid(out.assign_logits)
+        score = score.mul_(torch.sigmoid(out.object_logits)[..., None])
     best, slot = score.max(1)
     keep = mask & (best >= threshold)
     return torch.where(keep, slot, torch.full_like(slot, -1)), torch.where(mask, best, torch.zeros_like(best))
