@@ -363,7 +363,7 @@ class TrackDecoder(nn.Module):
         level = math.log(self.mask_threshold) - math.log1p(-self.mask_threshold)
         logits = prev.assign_logits
         all_real = eager and mask.device.type == "cpu" and bool(mask.all())
-        if eager and not torch.is_grad_enabled():   # inference: the claims themselves (:func:`_attend_claims`)
+        if eager and not torch.is_grad_enabled() and not self.training:   # inference: the claims (:func:`_attend_claims`)
             claimed = logits >= level if all_real else (logits >= level) & mask[:, None, :]
             return _Claims(claimed, claimed.any(-1), mask | ~mask.any(-1, keepdim=True))
         if not all_real:
