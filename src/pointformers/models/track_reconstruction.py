@@ -445,15 +445,15 @@ MERGE_CHUNK_ELEMS = 1 << 22
 MERGE_CELL_TRACKS = 4
 
 
-def _dense_joins(centre, sq, rank, whole, rows, cols, radius):
+def _dense_joins(centre, rank, whole, rows, cols, radius):
     """Each row's join: the nearest column (a fragment row: any; a whole row: larger and within ``radius``), all
     columns compared, in chunks of rows. Returns ``(best d², column)`` per row (``inf`` where none)."""
     best = torch.full((rows.numel(),), float("inf"), device=centre.device)
     near = torch.zeros(rows.numel(), dtype=torch.long, device=centre.device)
-    step = max(1, MERGE_CHUNK_ELEMS // max(1, cols.numel()))
+    step = max(1, MERGE_CHUNK_ELEMS // max(1, cols.numel() * centre.shape[1]))
     for s in range(0, rows.numel(), step):
         r = rows[s:s + step]
-        d2 = (sq[r, None] + sq[None, cols] - 2 * centre[r] @ centre[cols].T).clamp(min=0)   # (c, W)
+        d2 = (centre[r, None, :] - centre[None, cols, :]).square_().sum(-1)   # (c, W), as differences
         ok = ~whole[r, None] | ((rank[None, cols] > rank[r, None]) & (d2 < radius * radius))
         b, n = d2.masked_fill(~ok, float("inf")).min(1)
         best[s:s + step], near[s:s + step] = b, cols[n]
@@ -503,7 +503,7 @@ def _cell_joins(centre, rank, whole, rows, cols, radius, proj, h):
     return best, near
 
 
-def _grid_joins(centre, sq, rank, whole, rows, cols, radius):
+def _grid_joins(centre, rank, whole, rows, cols, radius):
     """:func:`_dense_joins` by :func:`_cell_joins` on the whole tracks' (at most) 3 principal axes (the embedding's
     tracks lie near a low-dimensional subspace), with cells of about ``MERGE_CELL_TRACKS`` columns where the columns
     are densest (a Gaussian's peak density) and at least ``radius`` wide: a whole row's join and a fragment's
@@ -526,7 +526,7 @@ def _grid_joins(centre, sq, rank, whole, rows, cols, radius):
     todo = torch.arange(rows.numel(), device=centre.device)
     while todo.numel():
         if h > diagonal:   # cells as large as the grid: every column
-            best[todo], near[todo] = _dense_joins(centre, sq, rank, whole, rows[todo], cols, radius)
+            best[todo], near[todo] = _dense_joins(centre, rank, whole, rows[todo], cols, radius)
             break
         b, n = _cell_joins(centre, rank, whole, rows[todo], cols, radius, proj, h)
         best[todo], near[todo] = b, n
@@ -549,14 +549,13 @@ def _merge_event(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: int,
     emb = embedding[real].float()
     size = torch.zeros(a, dtype=emb.dtype, device=emb.device).index_add_(0, inv, torch.ones_like(emb[:, 0]))
     centre = torch.zeros(a, emb.shape[-1], dtype=emb.dtype, device=emb.device).index_add_(0, inv, emb) / size[:, None]
-    sq = (centre * centre).sum(-1)
     whole = size > max_hits
     rank = size.long() * num_tracks + ids                                      # size, then label: all distinct
     parent = torch.arange(a, device=labels.device)
     cols = torch.nonzero(whole).flatten()                                      # (W,): a join always goes to one
     rows = torch.nonzero((size <= max_hits) | (radius > 0 and whole)).flatten() if cols.numel() else cols
     if rows.numel():
-        best, near = _grid_joins(centre, sq, rank, whole, rows, cols, radius)
+        best, near = _grid_joins(centre, rank, whole, rows, cols, radius)
         parent[rows] = torch.where(torch.isfinite(best), near, rows)
     # follow the joins to their end: each step goes to a larger track, so there are no cycles
     for _ in range(max(1, (a - 1).bit_length())):
