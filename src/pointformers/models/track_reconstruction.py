@@ -460,14 +460,15 @@ def _dense_joins(centre, rank, whole, rows, cols, radius):
     return best, near
 
 
-def _cell_joins(centre, rank, whole, rows, cols, radius, proj, h):
+def _cell_joins(centre, rank, whole, rows, cols, radius, proj, col_proj, h):
     """:func:`_dense_joins` among the columns in the neighbouring cells (3^g) of each row's cell, on a grid of cell
-    size ``h`` on the tracks' projections ``proj`` ``(A, g)`` onto orthonormal axes: every column within ``h`` of
-    a row is among them (a projection's coordinates differ by at most the distance)."""
+    size ``h`` on the tracks' projections ``proj`` ``(A, g)`` onto orthonormal axes (``col_proj`` = the columns'
+    rows of it): every column within ``h`` of a row is among them (a projection's coordinates differ by at most
+    the distance)."""
     dev = centre.device
-    lo = proj.index_select(0, cols).amin(0)
-    cell = lambda i: torch.floor((proj.index_select(0, i) - lo) / h).long()   # noqa: E731
-    ccell = cell(cols)                                                         # (W, g), >= 0
+    lo = col_proj.amin(0)
+    cell = lambda p: torch.floor((p - lo) / h).long()                          # noqa: E731
+    ccell = cell(col_proj)                                                     # (W, g), >= 0
     ext = ccell.amax(0) + 3                                                    # room for the ±1 offsets
     stride = torch.cumprod(torch.cat([ext.new_ones(1), ext[:-1]]), 0)
     ckey = ((ccell + 1) * stride).sum(1)
@@ -475,7 +476,7 @@ def _cell_joins(centre, rank, whole, rows, cols, radius, proj, h):
     skey, scol = ckey[order], cols[order]
     # a row outside the grid by more than a cell has no column within h: clamped, its keys may alias other
     # cells, which only adds candidates (every distance is computed exactly)
-    rcell = torch.minimum(cell(rows).clamp(min=-1), ext - 2)
+    rcell = torch.minimum(cell(proj.index_select(0, rows)).clamp(min=-1), ext - 2)
     offsets = torch.cartesian_prod(*[torch.arange(-1, 2, device=dev)] * proj.shape[1]).view(-1, proj.shape[1])
     keys = ((rcell[:, None, :] + 1 + offsets[None]) * stride).sum(-1).flatten()   # (R·3^g,)
     first = torch.searchsorted(skey, keys)
@@ -519,8 +520,8 @@ def _grid_joins(centre, rank, whole, rows, cols, radius):
     peak = (2 * math.pi) ** (g / 2) * float(evals[-g:].clamp(min=1e-12).sqrt().prod())
     slack = 1.0 + 1e-4                                                         # the projection's float rounding
     h = max(float(radius) * slack, (MERGE_CELL_TRACKS * peak / cols.numel()) ** (1.0 / g), 1e-6)
-    pc = proj.index_select(0, cols)
-    diagonal = float((pc.amax(0) - pc.amin(0)).norm())
+    col_proj = proj.index_select(0, cols)
+    diagonal = float((col_proj.amax(0) - col_proj.amin(0)).norm())
     best = torch.full((rows.numel(),), float("inf"), device=centre.device)
     near = torch.zeros(rows.numel(), dtype=torch.long, device=centre.device)
     todo = torch.arange(rows.numel(), device=centre.device)
@@ -528,7 +529,7 @@ def _grid_joins(centre, rank, whole, rows, cols, radius):
         if h > diagonal:   # cells as large as the grid: every column
             best[todo], near[todo] = _dense_joins(centre, rank, whole, rows[todo], cols, radius)
             break
-        b, n = _cell_joins(centre, rank, whole, rows[todo], cols, radius, proj, h)
+        b, n = _cell_joins(centre, rank, whole, rows[todo], cols, radius, proj, col_proj, h)
         best[todo], near[todo] = b, n
         todo = todo[~whole[rows[todo]] & (b > (h / slack) ** 2)]               # fragments with nothing within h
         h *= 2.0

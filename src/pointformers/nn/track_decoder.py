@@ -132,6 +132,12 @@ class DecoderOutput(NamedTuple):
     slots: torch.Tensor
 
 
+def _eager_inference() -> bool:
+    """Whether this call runs eagerly without autograd: the inference-only fast paths (in place, shared buffers,
+    the claims' attention) may run; a traced graph or a training step keeps the general form."""
+    return not is_tracing() and not torch.is_grad_enabled()
+
+
 class _Claims(NamedTuple):
     """The Mask2Former mask in the form eager inference attends by: ``claimed`` ``(S, M, n)`` bool, the hits each
     slot claims (real hits only), ``some`` ``(S, M)`` whether it claims any, ``keys`` ``(S, n)`` bool, the hits a
@@ -351,8 +357,9 @@ class TrackDecoder(nn.Module):
         without a previous stage when every position is a real hit (eager on the CPU only, where looking
         costs no device sync: a traced graph keeps the general form)."""
         eager = not is_tracing()
+        all_real = eager and mask.device.type == "cpu" and bool(mask.all())
         if prev is None:
-            if eager and mask.device.type == "cpu" and bool(mask.all()):
+            if all_real:
                 return None
             allowed = (mask | ~mask.any(-1, keepdim=True))[:, None, None]
             return allowed if not eager else torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill_(
@@ -362,8 +369,7 @@ class TrackDecoder(nn.Module):
         # every finite logit where it claims none (its real hits), −inf in a sector without real hits (all)
         level = math.log(self.mask_threshold) - math.log1p(-self.mask_threshold)
         logits = prev.assign_logits
-        all_real = eager and mask.device.type == "cpu" and bool(mask.all())
-        if eager and not torch.is_grad_enabled() and not self.training:   # inference: the claims (:func:`_attend_claims`)
+        if _eager_inference() and not self.training:   # inference: the claims (:func:`_attend_claims`)
             claimed = logits >= level if all_real else (logits >= level) & mask[:, None, :]
             return _Claims(claimed, claimed.any(-1), mask | ~mask.any(-1, keepdim=True))
         if not all_real:
@@ -408,7 +414,7 @@ class TrackDecoder(nn.Module):
         # the next is written); a fresh (S, M, n) tensor per stage costs its first-touch page faults, which at
         # 60k hits take as long as the product that fills it
         buf = (hits.new_empty(hits.shape[0], self.num_slots, hits.shape[1])
-               if last_only and not is_tracing() and not torch.is_grad_enabled() else None)
+               if last_only and _eager_inference() else None)
         prev = self.predict(slots, hits, keys, out=buf) if self.attention_mask else None
         outs = []
         for i, layer in enumerate(self.layers):
@@ -431,7 +437,7 @@ def assign_hits(out: DecoderOutput, mask: torch.Tensor, threshold: float = 0.5,
     """
     if not (0.0 <= threshold < 1.0):
         raise ValueError(f"assign_hits: threshold must be in [0, 1), got {threshold!r}")
-    if is_tracing() or torch.is_grad_enabled():
+    if not _eager_inference():
         score = torch.sigmoid(out.object_logits)[..., None] * torch.sigmoid(out.assign_logits)   # (S, M, n)
     else:   # eager inference: one (S, M, n) buffer (the logits' own with consume), updated in place
         score = out.assign_logits.sigmoid_() if consume else torch.sigmoid(out.assign_logits)
