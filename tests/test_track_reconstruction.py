@@ -297,6 +297,58 @@ def test_the_config_trains_through_the_cli_and_evaluate_reports_tracks(tmp_path,
                                                   set=["model.name=hept-tracking"]), load_checkpoint(out / "best.pt"))
     assert main(["evaluate", "--checkpoint", str(out / "best.pt"), "--split", "val", "--set", "model.options.dim=8"]) != 0
     assert "weights do not fit" in capsys.readouterr().err
+    _check_trackml_folder_commands(out / "best.pt", tmp_path, capsys)
+
+
+def _check_trackml_folder_commands(ckpt_path, tmp_path, capsys):
+    """`evaluate --data` and `predict` on TrackML files with an end-to-end checkpoint: its own labels (as the model
+    gives them, sectors of --sector-hits hits), track ids and scores from them, its embedding in the npz; DBSCAN's
+    options refused with one-line errors."""
+    import json
+
+    import numpy as np
+
+    from pointformers.cli import main
+    from pointformers.data.tracking import generate_event, preset_params
+    from pointformers.data.trackml import read_trackml_event, write_trackml_event
+    from pointformers.engine.checkpoint import model_from_checkpoint
+    from pointformers.tasks.tracking import tracking_inputs
+    from pointformers.tasks.tracking.trackml_score import trackml_score
+    from pointformers.trackml_eval import submission_track_ids
+
+    folder = tmp_path / "events"
+    write_trackml_event(generate_event(preset_params("tiny"), seed=5), folder, "event000000007")
+    ev = read_trackml_event(folder / "event000000007")
+    model = model_from_checkpoint(ckpt_path).eval()
+    model.sector_hits = 150                          # several sectors in this event
+    inp = tracking_inputs(ev)
+    with torch.no_grad():
+        labels = model(inp.x[None], inp.coords[None])[0].numpy()
+    assert model.sector_count(torch.ones(1, inp.num_hits, dtype=torch.bool)) > model.num_sectors
+    js = tmp_path / "e2e.json"
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(ckpt_path), "--data", str(folder), "--sector-hits", "150",
+                 "--json", str(js)]) == 0
+    assert "end-to-end tracks" in capsys.readouterr().out
+    res = json.loads(js.read_text())
+    assert res["sector_hits"] == 150 and "dbscan_eps" not in res and res["threshold"] == model.threshold
+    want = trackml_score(labels, ev.particle_id, ev.weight.astype(np.float64))
+    assert res["events"][0]["trackml_score"] == pytest.approx(want, abs=1e-9)
+    assert res["events"][0]["num_tracks"] == len(np.unique(labels[labels >= 0]))
+    pred = tmp_path / "pred"
+    assert main(["predict", "--checkpoint", str(ckpt_path), "--data", str(folder), "--out", str(pred),
+                 "--sector-hits", "150"]) == 0
+    rows = np.array([[int(v) for v in line.split(",")] for line in
+                     (pred / "event000000007-tracks.csv").read_text().splitlines()[1:]])
+    np.testing.assert_array_equal(rows[:, 1], submission_track_ids(labels))
+    z = np.load(pred / "event000000007-embeddings.npz")
+    assert int(z["sector_hits"]) == 150 and "dbscan_eps" not in z.files
+    assert z["embedding"].shape == (inp.num_hits, model.embed_head.out_features)
+    for argv, name in ((["--eps", "0.2"], "--eps"), (["--sector-hits", "0"], "--sector-hits")):
+        assert main(["predict", "--checkpoint", str(ckpt_path), "--data", str(folder), "--out", str(tmp_path / "p2"),
+                     *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert name in err and err.count("\n") == 0, err
 
 
 def test_task_losses_on_a_generated_cloud():

@@ -259,7 +259,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     if args.data is not None:
         return cmd_evaluate_data(args)
-    for opt, val in (("--detectors", args.detectors), ("--eps", args.eps), ("--eps-data", args.eps_data)):
+    for opt, val in (("--detectors", args.detectors), ("--eps", args.eps), ("--eps-data", args.eps_data),
+                     ("--sector-hits", args.sector_hits)):
         if val is not None:
             raise ValueError(f"{opt}: only used with --data FOLDER (TrackML events)")
     if is_reference_checkpoint(args.checkpoint):
@@ -402,15 +403,40 @@ def _resolve_eps(args: argparse.Namespace, tm) -> tuple[float, str]:
 
 
 def _model_and_radius(args: argparse.Namespace):
-    """The checkpoint opened for ``--data`` and DBSCAN's radius, both announced on stdout."""
-    from .trackml_eval import DBSCAN_MIN_SAMPLES
+    """The checkpoint opened for ``--data`` and DBSCAN's radius (None for an end-to-end model, whose sector size
+    is set instead), announced on stdout."""
+    from .trackml_eval import DBSCAN_MIN_SAMPLES, sector_hits_on_validation
 
     tm = _open_for_data(args)
-    with _one_line_warnings(args.command):
-        eps, source = _resolve_eps(args, tm)
-    print(f"{tm.label} on the TrackML events in {args.data} (one cloud per event, pixel hits) on {tm.device}")
-    print(f"DBSCAN eps {eps:.4g}, min_samples {DBSCAN_MIN_SAMPLES} ({source})")
-    return tm, eps, source
+    if not tm.end_to_end:
+        if args.sector_hits is not None:
+            raise ValueError("--sector-hits: sectors are an end-to-end (track-reconstruction) model's; "
+                             f"{tm.label} builds tracks by DBSCAN")
+        with _one_line_warnings(args.command):
+            eps, source = _resolve_eps(args, tm)
+        print(f"{tm.label} on the TrackML events in {args.data} (one cloud per event, pixel hits) on {tm.device}")
+        print(f"DBSCAN eps {eps:.4g}, min_samples {DBSCAN_MIN_SAMPLES} ({source})")
+        return tm, eps, source
+    for opt, val in (("--eps", args.eps), ("--eps-data", args.eps_data)):
+        if val is not None:
+            raise ValueError(f"{opt}: DBSCAN's radius; {tm.label} is an end-to-end model that assigns hits to "
+                             f"tracks itself (threshold and merging radius from its validation, or --set "
+                             f"model.options.threshold=... model.options.merge_radius=...)")
+    if args.sector_hits is not None:
+        if args.sector_hits < 1:
+            raise ValueError(f"--sector-hits: expected an integer >= 1 (hits per phi-sector), got {args.sector_hits}")
+        tm.model.sector_hits, source = args.sector_hits, "given with --sector-hits"
+    elif tm.model.sector_hits:
+        source = "the checkpoint's model.options.sector_hits"
+    else:
+        with _one_line_warnings(args.command):
+            tm.model.sector_hits = sector_hits_on_validation(tm)
+        source = "the median hits of the run's validation clouds per sector"
+    print(f"{tm.label} on the TrackML events in {args.data} (one event at a time, pixel hits) on {tm.device}")
+    print(f"end-to-end tracks: assignment threshold {tm.model.threshold:.4g}, merging radius "
+          f"{tm.model.merge_radius:.4g} (the checkpoint's); phi-sectors of at most {tm.model.sector_hits} hits "
+          f"({source})")
+    return tm, None, source
 
 
 def cmd_evaluate_data(args: argparse.Namespace) -> int:
@@ -430,10 +456,11 @@ def cmd_evaluate_data(args: argparse.Namespace) -> int:
         res = evaluate_folder(tm, args.data, eps, args.detectors, log=print, match_pt_min=args.match_pt_min,
                               match_eta_max=args.match_eta_max)
     if args.json:
+        tracks = ({"threshold": tm.model.threshold, "merge_radius": tm.model.merge_radius,
+                   "sector_hits": tm.model.sector_hits, "sector_hits_source": source} if tm.end_to_end else
+                  {"dbscan_eps": eps, "dbscan_min_samples": DBSCAN_MIN_SAMPLES, "eps_source": source})
         _write_json_file(args.json, {"checkpoint": str(args.checkpoint), "model": tm.label, "data": str(args.data),
-                                     "detectors": args.detectors, "dbscan_eps": eps,
-                                     "dbscan_min_samples": DBSCAN_MIN_SAMPLES, "eps_source": source,
-                                     "pt_min": tm.pt_min, "K": tm.K, **res})
+                                     "detectors": args.detectors, **tracks, "pt_min": tm.pt_min, "K": tm.K, **res})
         print(f"wrote {args.json}")
     return 0
 
@@ -705,6 +732,10 @@ _EVALUATE_HELP = """Evaluate a checkpoint.
       tracks and the seconds per event; the track-matching efficiency and fake rate (double
       majority) per event, then the track-matching table of all events (pT >= 0.9 GeV, |eta| < 4).
       --json FILE: the same numbers (null for n/a; the table under "track_metrics").
+  pointformers evaluate --checkpoint runs/e2e/best.pt --data FOLDER
+      an end-to-end track-reconstruction run on the same events: its own tracks instead of DBSCAN's
+      (threshold and merging radius as its validation chose them), each event cut into phi-sectors
+      of at most --sector-hits hits; AP@k is that of its InfoNCE hit embedding.
 """
 
 _PREDICT_HELP = """Run a tracking checkpoint on unlabelled TrackML events (hits and cells only).
@@ -720,6 +751,10 @@ atomically (temporary file, then rename), and refusing to overwrite without --fo
   OUTDIR/<name>-embeddings.npz   hit_id int64 (N,), embedding float32 (N, 12) (HEPT's 12-d
                                  output; (N, d) for other models), track_id int64 (N,) as in
                                  the CSV, dbscan_eps float64 (); same row order.
+
+An end-to-end track-reconstruction checkpoint (a run's best.pt) writes its own tracks: track ids
+1..C its tracks, C+1.. one per hit it left without a track; the npz holds its InfoNCE embedding
+and threshold, merge_radius, sector_hits instead of dbscan_eps.
 """
 
 
@@ -733,6 +768,10 @@ def _data_args(p: argparse.ArgumentParser, data_help: str, required: bool) -> No
     p.add_argument("--eps", default=None, metavar="EPS|auto", help=_EPS_HELP.format(eps=REFERENCE_EPS))
     p.add_argument("--eps-data", default=None, metavar="FOLDER",
                    help="labelled TrackML events (not the evaluated ones) to choose --eps auto on")
+    p.add_argument("--sector-hits", type=int, default=None, metavar="N",
+                   help="end-to-end (track-reconstruction) checkpoints: cut each event into phi-sectors of at most N "
+                        "hits (default: the model's sector_hits option, else the median hits of the run's "
+                        "validation clouds per sector, the size its slots were trained on)")
     p.add_argument("--device", default=None,
                    help="auto, cpu, cuda or cuda:K (default: auto; a run checkpoint's train.device)")
 
@@ -795,7 +834,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "embeddings and track ids",
                         description=_PREDICT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     pr.add_argument("--checkpoint", required=True,
-                    help="hept-tracking-60k (shipped), an authors' HEPT state_dict file, or a tracking run's best.pt")
+                    help="hept-tracking-60k (shipped), an authors' HEPT state_dict file, or a tracking or "
+                         "track-reconstruction run's best.pt")
     _config_args(pr, "YAML config of a run checkpoint (default: the one stored in it)")
     _data_args(pr, "folder of TrackML events: <event>-hits.csv and <event>-cells.csv (.csv.gz too); "
                    "truth and particles files are not needed and not read", required=True)

@@ -3,10 +3,14 @@
 
 A checkpoint is either a shipped/authors' HEPT model (``"hept-tracking-60k"``, or a file holding
 an authors' ``state_dict``; :func:`pointformers.models.from_reference_checkpoint`) or a run
-checkpoint of ``pointformers train`` for the tracking task. Each TrackML event of the folder is
-read with :func:`pointformers.data.trackml.read_trackml_events` (pixel volumes 7, 8, 9 only,
-noise hits included) and is **one cloud**: the model runs on the whole event at once, as the
-HEPT authors' Tracking-60k.
+checkpoint of ``pointformers train`` for the tracking task (hit embeddings, tracks by DBSCAN) or the
+track-reconstruction task (an end-to-end model, :class:`~pointformers.models.TrackReconstructor`,
+that assigns the hits to tracks itself). Each TrackML event of the folder is read with
+:func:`pointformers.data.trackml.read_trackml_events` (pixel volumes 7, 8, 9 only, noise hits
+included) and is **one cloud**: the model runs on the whole event at once, as the HEPT authors'
+Tracking-60k. An end-to-end model cuts it into φ-sectors of at most ``sector_hits`` hits each (the
+size of its training clouds' sectors, see :func:`sector_hits_on_validation`), so that its slots per
+sector cover a full event's tracks.
 
 Metrics (``evaluate``), per event and overall:
 
@@ -14,11 +18,12 @@ Metrics (``evaluate``), per event and overall:
   ``accuracy@0.9``: queries are reconstructable hits with pT > ``pt_min``, K = 19). Overall =
   mean over events of the per-event values, skipping events without a query hit, exactly as the
   task averages clouds (:func:`~.tracking.ap_at_k_split`).
-* TrackML score: :func:`~.tasks.tracking.trackml_score.trackml_score` of DBSCAN track candidates
-  (:func:`~.tasks.tracking.building.dbscan_tracks`, ``min_samples`` 2) against the truth particle ids and
+* TrackML score: :func:`~.tasks.tracking.trackml_score.trackml_score` of the track candidates (DBSCAN's,
+  :func:`~.tasks.tracking.building.dbscan_tracks` with ``min_samples`` 2, or the end-to-end model's own
+  labels; AP@k is then that of its InfoNCE hit embedding) against the truth particle ids and
   the files' truth weights (normalised over the event's pixel hits); overall = mean over events,
   as the challenge averages events (:func:`~.tasks.tracking.trackml_score.trackml_score_split`).
-* Track matching (:mod:`~.tasks.tracking.metrics`) of the same DBSCAN tracks (3 hits or more):
+* Track matching (:mod:`~.tasks.tracking.metrics`) of the same tracks (3 hits or more):
   double-majority, perfect and LHC efficiencies, fake and duplicate rates, for particles with
   pT >= ``match_pt_min`` (0.9 GeV), |η| < ``match_eta_max`` (4, η of the particle's momentum)
   and hits on >= 3 pixel layers. Per event: ``eff_dm``, ``eff_perfect``, ``eff_lhc``,
@@ -35,6 +40,9 @@ DBSCAN's radius ``eps``:
 * always overridable by a number. The evaluated events are never used to choose it unless that
   folder is also passed as the ``eps`` folder.
 
+An end-to-end checkpoint has no radius: its assignment threshold and merging radius are the ones its
+run's validation chose (stored in ``best.pt``'s model config).
+
 Output of ``predict`` (per event ``<name>``, files written atomically):
 
 * ``<name>-tracks.csv``: ``hit_id,track_id``, one line per pixel hit in the hits file's order
@@ -43,8 +51,11 @@ Output of ``predict`` (per event ``<name>``, files written atomically):
   DBSCAN clusters (2 or more hits each), ids ``C+1..`` are one-hit tracks, one per hit that
   DBSCAN left unassigned (the way :func:`~.tasks.tracking.trackml_score.trackml_score` treats them).
 * ``<name>-embeddings.npz``: ``hit_id`` int64 ``(N,)``, ``embedding`` float32 ``(N, d)``
-  (d = 12 for the HEPT tracking models), ``track_id`` int64 ``(N,)`` (as in the CSV) and
-  ``dbscan_eps`` float64 ``()``; rows in the same order as the CSV.
+  (d = 12 for the HEPT tracking models; an end-to-end model's InfoNCE embedding), ``track_id`` int64
+  ``(N,)`` (as in the CSV) and ``dbscan_eps`` float64 ``()`` (an end-to-end model: ``threshold``,
+  ``merge_radius`` float64 ``()`` and ``sector_hits`` int64 ``()`` instead); rows in the same order as
+  the CSV. For an end-to-end model ids ``1..C`` are its tracks (every labelled group, whatever its
+  size) and ``C+1..`` one per hit it left without a track.
 """
 from __future__ import annotations
 
@@ -70,7 +81,7 @@ if TYPE_CHECKING:
     from .tasks.tracking import TrackingInputs
 
 __all__ = ["REFERENCE_EPS", "DBSCAN_MIN_SAMPLES", "TrackingModel", "open_tracking_checkpoint", "embed_event",
-           "choose_eps_on_folder", "choose_eps_on_validation", "evaluate_folder", "predict_folder",
+           "event_tracks", "sector_hits_on_validation", "choose_eps_on_folder", "choose_eps_on_validation", "evaluate_folder", "predict_folder",
            "submission_track_ids", "output_paths", "format_event_table", "check_event_folder", "check_outputs"]
 
 #: DBSCAN radius for reference checkpoints (no validation split of their own).
@@ -99,8 +110,10 @@ class TrackingModel:
         reference: True for an authors' model (no config, no validation split).
         device: where the model runs.
         cfg: the run's resolved config (None for a reference checkpoint).
-        pt_min, K: AP@k settings (the task's ``pt_min``; K = 19).
+        pt_min, K: AP@k settings (the task's ``pt_min``, an end-to-end model's ``match_pt_min``; K = 19).
         precision: ``"fp32"`` or ``"bf16"`` (autocast, run checkpoints trained with it).
+        end_to_end: a track-reconstruction model: ``model(x[None], coords[None])`` gives the track labels
+            (no DBSCAN); :func:`event_tracks` reads its labels and InfoNCE embedding in one pass.
     """
 
     model: nn.Module
@@ -111,6 +124,7 @@ class TrackingModel:
     pt_min: float = 0.9
     K: int = 19
     precision: str = "fp32"
+    end_to_end: bool = False
 
     def autocast(self):
         """bf16 autocast for a run trained with ``precision: bf16``, else a no-op context."""
@@ -157,14 +171,17 @@ def open_tracking_checkpoint(checkpoint: str | os.PathLike, device: str | None =
         if not isinstance(stored, Mapping):
             raise ValueError(f"--checkpoint: {name} stores no run config; pass --config")
         cfg = load_config(None, (), base=stored)
-    if cfg["task"]["name"] != "tracking":
+    if cfg["task"]["name"] not in ("tracking", "track-reconstruction"):
         raise ValueError(f"--checkpoint: {name} is a {cfg['task']['name']!r} checkpoint; TrackML events need a "
-                         f"tracking model")
+                         f"tracking or track-reconstruction model")
+    end_to_end = cfg["task"]["name"] == "track-reconstruction"
     dev = resolve_device(device or cfg["train"]["device"])
-    model = model_from_checkpoint(ckpt, map_location=dev)
+    model = model_from_checkpoint(ckpt, map_location=dev).eval()
     label = f"{ckpt['model_name']} ({Path(name).name}, epoch {ckpt.get('epoch', '?')})"
-    return TrackingModel(model, label, False, dev, cfg, float(cfg["task"]["pt_min"]), 19,
-                         cfg["train"]["precision"])
+    # AP@k's query cut: the tracking task's positives'; for an end-to-end model the metrics' cut (its own
+    # pt_min may be 0: every particle a target)
+    pt_min = float(cfg["task"]["match_pt_min"] if end_to_end else cfg["task"]["pt_min"])
+    return TrackingModel(model, label, False, dev, cfg, pt_min, 19, cfg["train"]["precision"], end_to_end)
 
 
 def _out_dim(model: nn.Module) -> int:
@@ -174,15 +191,56 @@ def _out_dim(model: nn.Module) -> int:
 
 @torch.no_grad()
 def embed_event(tm: TrackingModel, event: TrackingEvent) -> tuple[TrackingInputs, torch.Tensor]:
-    """Model inputs and embeddings ``(n, d)`` (CPU float32) of one whole event (one cloud)."""
+    """Model inputs and embeddings ``(n, d)`` (CPU float32) of one whole event (one cloud); an end-to-end model's
+    InfoNCE embedding."""
     from .tasks.tracking import tracking_inputs
 
+    if tm.end_to_end:
+        inp, emb, _ = event_tracks(tm, event, None)
+        return inp, emb
     inp = tracking_inputs(event, dtype=torch.float32)
     if inp.num_hits == 0:
         return inp, torch.zeros(0, _out_dim(tm.model))
     with tm.autocast():
         emb = tm.model(inp.x.to(tm.device), inp.coords.to(tm.device))
     return inp, emb.float().cpu()
+
+
+@torch.no_grad()
+def event_tracks(tm: TrackingModel, event: TrackingEvent, eps: float | None
+                 ) -> tuple[TrackingInputs, torch.Tensor, np.ndarray]:
+    """Model inputs, hit embeddings ``(n, d)`` (CPU float32) and track labels ``(n,)`` int64 (−1: none) of one
+    whole event: DBSCAN's clusters of the embedding at radius ``eps``, or an end-to-end model's own labels
+    (``eps`` None) with its InfoNCE embedding, from one forward pass."""
+    from .tasks.tracking import tracking_inputs
+    from .tasks.tracking.building import dbscan_tracks
+
+    if not tm.end_to_end:
+        if eps is None:
+            raise ValueError("eps: an embedding model's tracks are DBSCAN clusters; give its radius")
+        inp, emb = embed_event(tm, event)
+        return inp, emb, dbscan_tracks(emb, eps, DBSCAN_MIN_SAMPLES)
+    inp = tracking_inputs(event, dtype=torch.float32)
+    if inp.num_hits == 0:
+        return inp, torch.zeros(0, tm.model.embed_head.out_features), np.zeros(0, dtype=np.int64)
+    with tm.autocast():
+        labels, emb = tm.model.labels_and_embedding(inp.x.to(tm.device)[None], inp.coords.to(tm.device)[None])
+    return inp, emb[0].float().cpu(), labels[0].cpu().numpy().astype(np.int64)
+
+
+def sector_hits_on_validation(tm: TrackingModel) -> int:
+    """An end-to-end run's sector size for whole events: ⌈median real hits of its validation clouds / the
+    model's ``sectors``⌉, so that a larger event is cut into sectors of the size its slots were trained on
+    (the model's ``sector_hits``)."""
+    from .tasks.registry import get_task
+
+    if tm.cfg is None or not tm.end_to_end:
+        raise ValueError("sector_hits: only an end-to-end run checkpoint has sectors")
+    spec = get_task(tm.cfg["task"]["name"])
+    val = spec.load(tm.cfg, ("val",), False)["val"]
+    if not val:
+        raise ValueError("--sector-hits: the run's validation split is empty; give the sector size")
+    return int(math.ceil(float(np.median([c.num_hits for c in val])) / tm.model.num_sectors))
 
 
 # ------------------------------------------------------------------------------ folders
@@ -296,7 +354,7 @@ def format_event_table(names: Sequence[str]) -> tuple[str, Callable[[str, Mappin
     return header + "\n" + rule, row
 
 
-def evaluate_folder(tm: TrackingModel, folder: str | os.PathLike, eps: float, detectors=None,
+def evaluate_folder(tm: TrackingModel, folder: str | os.PathLike, eps: float | None, detectors=None,
                     log: Callable[[str], None] | None = None, match_pt_min: float = 0.9,
                     match_eta_max: float = 4.0) -> dict[str, Any]:
     """AP@k, precision@K, recall@K, the TrackML score and the track-matching rates of every
@@ -308,9 +366,8 @@ def evaluate_folder(tm: TrackingModel, folder: str | os.PathLike, eps: float, de
     (``track_metrics``: :meth:`~.tasks.tracking.metrics.TrackMetricsAccumulator.result`, counts
     summed over events; ``match_pt_min``/``match_eta_max`` its particle cuts). ``log`` gets the
     table (header, then one row per event as it is done, then the overall row), then the
-    track-matching table.
+    track-matching table. ``eps``: DBSCAN's radius (None for an end-to-end model, whose own labels count).
     """
-    from .tasks.tracking.building import dbscan_tracks
     from .tasks.tracking.metrics import OVERALL_KEYS, TrackMetricsAccumulator, format_track_metrics, particle_eta
     from .tasks.tracking.trackml_score import trackml_score, trackml_score_split
     from .tasks.tracking import ap_at_k_split, tracking_metrics_at_k
@@ -326,9 +383,8 @@ def evaluate_folder(tm: TrackingModel, folder: str | os.PathLike, eps: float, de
     rows: list[dict[str, Any]] = []
     for name, ev in events:
         t0 = time.perf_counter()
-        inp, emb = embed_event(tm, ev)
+        inp, emb, labels = event_tracks(tm, ev, eps)
         m = tracking_metrics_at_k(emb, inp.particle_id, inp.pt, inp.reconstructable, tm.pt_min, tm.K)
-        labels = dbscan_tracks(emb, eps, DBSCAN_MIN_SAMPLES)
         score = trackml_score(labels, ev.particle_id, np.asarray(ev.weight, dtype=np.float64))
         eta = np.nan_to_num(ev.per_hit(particle_eta(ev.px, ev.py, ev.pz), 0.0).astype(np.float64), nan=0.0)
         match = acc.add(labels, inp.particle_id, inp.pt, eta, inp.reconstructable)
@@ -357,13 +413,15 @@ def evaluate_folder(tm: TrackingModel, folder: str | os.PathLike, eps: float, de
 
 # ------------------------------------------------------------------------------ predict
 def submission_track_ids(labels: np.ndarray) -> np.ndarray:
-    """DBSCAN labels (−1 = unassigned) -> track ids >= 1: cluster c -> c + 1, and each unassigned
-    hit its own id after the clusters' (a one-hit track), in hit order."""
+    """Track labels (−1 = unassigned; DBSCAN's clusters or an end-to-end model's tracks) -> track ids >= 1: the
+    distinct labels in increasing order -> 1, 2, … (DBSCAN's ``0..C-1`` -> ``1..C``), and each unassigned hit its own
+    id after them (a one-hit track), in hit order."""
     labels = np.asarray(labels, dtype=np.int64)
-    out = labels + 1
     free = labels < 0
-    n_clusters = int(labels.max()) + 1 if (~free).any() else 0
-    out[free] = n_clusters + 1 + np.arange(int(free.sum()))
+    uniq, inv = np.unique(labels[~free], return_inverse=True)
+    out = np.empty_like(labels)
+    out[~free] = inv + 1
+    out[free] = len(uniq) + 1 + np.arange(int(free.sum()))
     return out
 
 
@@ -406,7 +464,7 @@ def check_outputs(out: str | os.PathLike, names: Sequence[str], force: bool) -> 
 
 
 def _write_outputs(tracks: Path, npz: Path, hit_id: np.ndarray, emb: np.ndarray, track_id: np.ndarray,
-                   eps: float) -> None:
+                   settings: Mapping[str, Any]) -> None:
     from .files import atomic_write
 
     lines = "".join(f"{h},{t}\n" for h, t in zip(hit_id.tolist(), track_id.tolist()))
@@ -415,33 +473,38 @@ def _write_outputs(tracks: Path, npz: Path, hit_id: np.ndarray, emb: np.ndarray,
         atomic_write(tracks, lambda f: f.write(("hit_id,track_id\n" + lines).encode()))
         target = npz
         atomic_write(npz, lambda f: np.savez(f, hit_id=hit_id.astype(np.int64), embedding=emb.astype(np.float32),
-                                             track_id=track_id.astype(np.int64), dbscan_eps=np.float64(eps)))
+                                             track_id=track_id.astype(np.int64),
+                                             **{k: np.asarray(v) for k, v in settings.items()}))
     except OSError as exc:
         raise ValueError(f"cannot write {target}: {exc.strerror or exc}") from None
 
 
-def predict_folder(tm: TrackingModel, folder: str | os.PathLike, out: str | os.PathLike, eps: float,
+def predict_folder(tm: TrackingModel, folder: str | os.PathLike, out: str | os.PathLike, eps: float | None,
                    detectors=None, force: bool = False, log: Callable[[str], None] | None = None) -> list[Path]:
     """Run the model on every event of ``folder`` (hits and cells; truth files are not read)
     and write ``<name>-tracks.csv`` and ``<name>-embeddings.npz`` per event into ``out`` (format:
-    module docstring). Refuses (ValueError naming ``--out``) before any work when an output file
-    exists, unless ``force``. Returns the written paths."""
-    from .tasks.tracking.building import dbscan_tracks
-
+    module docstring). ``eps``: DBSCAN's radius (None for an end-to-end model). Refuses (ValueError
+    naming ``--out``) before any work when an output file exists, unless ``force``. Returns the written
+    paths."""
+    if tm.end_to_end:
+        settings = {"threshold": np.float64(tm.model.threshold), "merge_radius": np.float64(tm.model.merge_radius),
+                    "sector_hits": np.int64(tm.model.sector_hits)}
+    else:
+        settings = {"dbscan_eps": np.float64(eps)}
     names, events = _read_events(folder, detectors, False, "--data")
     out = Path(out)
     check_outputs(out, names, force)  # also creates ``out`` and checks it is writable
     written: list[Path] = []
     for i, (name, ev) in enumerate(events, start=1):
         t0 = time.perf_counter()
-        _, emb = embed_event(tm, ev)
-        labels = dbscan_tracks(emb, eps, DBSCAN_MIN_SAMPLES)
+        _, emb, labels = event_tracks(tm, ev, eps)
         track_id = submission_track_ids(labels)
         tracks, npz = output_paths(out, name)
-        _write_outputs(tracks, npz, np.asarray(ev.hit_id, dtype=np.int64), emb.numpy(), track_id, eps)
+        _write_outputs(tracks, npz, np.asarray(ev.hit_id, dtype=np.int64), emb.numpy(), track_id, settings)
         written += [tracks, npz]
         if log:
-            n_clusters = int(labels.max()) + 1 if (labels >= 0).any() else 0
-            log(f"[{i}/{len(names)}] {name}: {ev.num_hits} pixel hits -> {n_clusters} tracks of 2+ hits, "
+            n_tracks = len(np.unique(labels[labels >= 0]))
+            kind = "tracks" if tm.end_to_end else "tracks of 2+ hits"
+            log(f"[{i}/{len(names)}] {name}: {ev.num_hits} pixel hits -> {n_tracks} {kind}, "
                 f"{int((labels < 0).sum())} one-hit tracks ({time.perf_counter() - t0:.1f} s): {tracks.name}, {npz.name}")
     return written

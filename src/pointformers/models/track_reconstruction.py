@@ -310,6 +310,13 @@ class TrackReconstructor(nn.Module):
         forward's default output); flat input with ``batch=``/``ptr=`` as the forward."""
         return self.labels_from(self._outputs(x, coords, mask, last_only=True), x.shape[1], consume=True)
 
+    def labels_and_embedding(self, x: torch.Tensor, coords: torch.Tensor,
+                             mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inference in one pass: the track labels ``(B, N)`` of :meth:`track_labels` and the InfoNCE hit
+        embedding ``(B, N, embed_dim)`` the merging read (what ``pointformers predict`` writes per hit)."""
+        out = self._outputs(x, coords, mask, last_only=True)
+        return self.labels_from(out, x.shape[1], consume=True), out.embedding
+
 
 def track_parameters(params: torch.Tensor) -> dict[str, torch.Tensor]:
     """The parameter head's raw outputs ``(..., 5)`` as physics: ``pt`` [GeV], ``charge`` (±1), ``eta``, ``phi``."""
