@@ -329,7 +329,8 @@ def _check_trackml_folder_commands(ckpt_path, tmp_path, capsys):
     capsys.readouterr()
     assert main(["evaluate", "--checkpoint", str(ckpt_path), "--data", str(folder), "--sector-hits", "150",
                  "--json", str(js)]) == 0
-    assert "end-to-end tracks" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "end-to-end tracks" in printed and "the model's tracks" in printed and "DBSCAN" not in printed
     res = json.loads(js.read_text())
     assert res["sector_hits"] == 150 and "dbscan_eps" not in res and res["threshold"] == model.threshold
     want = trackml_score(labels, ev.particle_id, ev.weight.astype(np.float64))

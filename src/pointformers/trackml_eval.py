@@ -373,7 +373,8 @@ def evaluate_folder(tm: TrackingModel, folder: str | os.PathLike, eps: float | N
     from .tasks.tracking import ap_at_k_split, tracking_metrics_at_k
 
     try:
-        acc = TrackMetricsAccumulator(pt_min=match_pt_min, eta_max=match_eta_max)
+        acc = TrackMetricsAccumulator(pt_min=match_pt_min, eta_max=match_eta_max,
+                                      tracks="the model's tracks" if tm.end_to_end else "DBSCAN clusters")
     except ValueError as exc:
         raise ValueError(f"match_{exc}") from None
     names, events = _read_events(folder, detectors, True, "--data")
