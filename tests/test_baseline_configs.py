@@ -150,6 +150,12 @@ def test_comparison_on_several_seeds_runs_each_seed_as_its_own_run(tmp_path):
     assert [r["seed"] for r in rows] == [3, 4]
     assert sorted(p.name for p in (tmp_path / "runs").iterdir() if p.is_dir()) == \
         ["tracking-hept-small-tiny-seed3", "tracking-hept-small-tiny-seed4"]
+    # each run's checkpoint carries its experiment config (what `pointformers evaluate` rebuilds the run from)
+    from pointformers.engine import load_checkpoint
+
+    stored = load_checkpoint(tmp_path / "runs" / "tracking-hept-small-tiny-seed4" / "best.pt")["extra"]["config"]
+    assert stored["train"]["seed"] == 4 and stored["model"]["options"]["n_layers"] == 1
+    assert stored["data"]["preset"] == "tiny"
     alone = compare_configs(["configs/tracking-hept-small.yaml"], out_dir=tmp_path / "alone",
                             overrides=[*sets, "train.seed=4"], **common)
     assert alone[0]["seed"] == 4 and alone[0]["ap@k"] == rows[1]["ap@k"]   # the seed is the run's train.seed

@@ -313,8 +313,10 @@ def compare_configs(configs: Sequence[str], preset: str | None = None, epochs: i
         with RunLock(run_dir):
             if overwrite:
                 remove_run_files(run_dir)
+            # the experiment's config in the checkpoints, as `pointformers train` stores it: `pointformers evaluate`
+            # and `predict` rebuild the run's task and data from it
             res = fit(model, task, samples["train"], samples["val"], tcfg, run_dir, cfg["model"]["name"],
-                      cfg["model"]["options"], log=None, resume=resume)
+                      cfg["model"]["options"], log=None, resume=resume, extra={"config": cfg})
         train_s = sum(float(r["seconds"]) for r in res.history)  # every epoch's, resumed ones too
         model = model.to(dev)
         if hasattr(task, "evaluate_report"):
