@@ -456,3 +456,35 @@ def test_assignment_in_an_embedding_space_is_a_kernel_around_each_slots_centre()
         TrackDecoder(dim=16, num_slots=5, heads=4)(hits.float(), keys=keys.float())
     with pytest.raises(ValueError, match="assign_dim"):
         TrackDecoder(dim=16, num_slots=5, heads=4, assign_dim=-1)
+
+
+def test_seeded_centres_start_on_the_seed_hits_keys_and_batch_like_single_sectors():
+    """seed_centres: a slot's centre is its seed hit's key plus the centre head's offset, which starts at zero, so
+    the first prediction's logits are α − β·‖e − e_seed‖² exactly; batched
+    sectors (padding, a sector of two hits) equal sectors run alone; it needs seed_slots and assign_dim."""
+    torch.manual_seed(0)
+    dec = TrackDecoder(dim=16, num_slots=5, heads=4, n_layers=2, assign_dim=6, seed_slots=True, seed_centres=True,
+                       attention_mask=True).double().eval()
+    g = torch.Generator().manual_seed(3)
+    hits = torch.randn(3, 12, 16, generator=g, dtype=torch.float64)
+    keys = torch.randn(3, 12, 6, generator=g, dtype=torch.float64)
+    mask = torch.ones(3, 12, dtype=torch.bool)
+    mask[1, 7:], mask[2, 2:] = False, False
+    with torch.no_grad():
+        slots = dec.slots + dec.seed_proj(torch.gather(dec.hit_norm(hits) * mask[..., None], 1,
+                                                       dec.seed_index(mask)[..., None].expand(-1, -1, 16)))
+        first = dec.predict(slots, dec.hit_norm(hits), keys, base=torch.gather(
+            keys, 1, dec.seed_index(mask)[..., None].expand(-1, -1, 6)))
+        seeds = torch.stack([keys[s, dec.seed_index(mask)[s]] for s in range(3)])          # (S, M, 6)
+        beta = torch.nn.functional.softplus(dec.kernel[1])
+        torch.testing.assert_close(first.assign_logits, dec.kernel[0] - beta * torch.cdist(seeds, keys) ** 2)
+        batched = dec(hits, mask, keys=keys)
+        for s in range(3):
+            n = int(mask[s].sum())
+            alone = dec(hits[s:s + 1, :n], keys=keys[s:s + 1, :n])
+            for a, b in zip(alone, batched):
+                torch.testing.assert_close(a.assign_logits[0], b.assign_logits[s, :, :n], rtol=1e-10, atol=1e-10)
+                torch.testing.assert_close(a.object_logits[0], b.object_logits[s], rtol=1e-10, atol=1e-10)
+    for kw in (dict(assign_dim=6), dict(seed_slots=True), dict(assign_dim=6, seed_slots=True, seed_centres=1)):
+        with pytest.raises(ValueError, match="seed_centres"):
+            TrackDecoder(dim=16, num_slots=5, heads=4, **({"seed_centres": True} | kw))

@@ -422,8 +422,11 @@ def test_the_parameters_of_a_slot_with_hits_are_their_helix_fit():
                                      dict(attention="full", sector_frame=True, frame_columns=[2, 4]),
                                      dict(attention="full", merge_radius=2.0, merge_max_hits=3),
                                      dict(attention="full", sector_frame=True, seed_slots=True),
-                                     dict(attention="full", assign_space="embedding", attention_mask=True)],
-                         ids=["full", "v2", "stitched", "sector-frame", "merged", "seeded", "embedding-assign"])
+                                     dict(attention="full", assign_space="embedding", attention_mask=True),
+                                     dict(attention="full", assign_space="embedding", attention_mask=True,
+                                          seed_slots=True, seed_centres=True)],
+                         ids=["full", "v2", "stitched", "sector-frame", "merged", "seeded", "embedding-assign",
+                              "seeded-centres"])
 def test_the_exported_model_equals_the_eager_one(tmp_path, encoder):
     """torch.export of the whole model, assignment step included: the file's track labels equal the eager
     model's at point counts other than the traced one (full attention, and the published encoder's design;

@@ -277,6 +277,11 @@ class TrackDecoder(nn.Module):
             early in training), each slot predicts a centre ``c`` there, and ``logit = α − β·‖e − c‖²``
             (``α``, ``β > 0`` learned): a slot claims the hits around its centre, as a density clustering
             of the embedding would. Beyond the published design. 0 (default): the published dot product.
+        seed_centres: with ``seed_slots`` and ``assign_dim``: a slot's centre is its seed hit's key plus the
+            offset the centre head predicts (its last layer starts at zero), so every slot starts out claiming
+            the hits around a real hit of its sector, as a density clustering seeded there would, and learns
+            to move, widen and score it (two-stage DETR's query selection, here from spread seeds). Beyond
+            the published design.
 
     Shapes: ``forward(hits (S, n, dim), mask (S, n) bool, pos (S, n, pos_dim) | None, keys (S, n, assign_dim) | None)``
     returns a list of ``n_layers``
@@ -287,10 +292,14 @@ class TrackDecoder(nn.Module):
 
     def __init__(self, dim: int, num_slots: int, heads: int = 8, n_layers: int = 2, hidden: Optional[int] = None,
                  dropout: float = 0.0, attention_mask: bool = False, mask_threshold: float = 0.5, pos_dim: int = 0,
-                 seed_slots: bool = False, assign_dim: int = 0):
+                 seed_slots: bool = False, assign_dim: int = 0, seed_centres: bool = False):
         super().__init__()
-        if not isinstance(seed_slots, bool):
-            raise ValueError(f"TrackDecoder: seed_slots must be true or false, got {seed_slots!r}")
+        for name, flag in (("seed_slots", seed_slots), ("seed_centres", seed_centres)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"TrackDecoder: {name} must be true or false, got {flag!r}")
+        if seed_centres and not (seed_slots and isinstance(assign_dim, int) and assign_dim > 0):
+            raise ValueError(f"TrackDecoder: seed_centres puts each slot's centre at its seed hit's key: it needs "
+                             f"seed_slots=True and assign_dim > 0, got seed_slots={seed_slots!r}, assign_dim={assign_dim!r}")
         for name, v, lo in (("dim", dim, 1), ("num_slots", num_slots, 1), ("heads", heads, 1), ("n_layers", n_layers, 1),
                             ("pos_dim", pos_dim, 0), ("assign_dim", assign_dim, 0)):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
@@ -318,6 +327,10 @@ class TrackDecoder(nn.Module):
         if assign_dim:   # the slot's centre in the key space; α and β = softplus(·) start at 1 and 10
             self.centre = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, assign_dim))
             self.kernel = nn.Parameter(torch.tensor([1.0, math.log(math.expm1(10.0))]))
+        self.seed_centres = seed_centres
+        if seed_centres:   # the offset from the seed hit's key starts at zero: the centre starts on the seed
+            nn.init.zeros_(self.centre[-1].weight)
+            nn.init.zeros_(self.centre[-1].bias)
 
     def seed_index(self, mask: torch.Tensor) -> torch.Tensor:
         """``(S, M)`` int64: the row of each slot's seed hit (``seed_slots``), ⌊(2m + 1)·n / 2M⌋ for the ``n``
@@ -327,15 +340,16 @@ class TrackDecoder(nn.Module):
         return (2 * m + 1) * n // (2 * self.num_slots)
 
     def predict(self, slots: torch.Tensor, hits: torch.Tensor, keys: Optional[torch.Tensor] = None,
-                out: Optional[torch.Tensor] = None) -> DecoderOutput:
+                out: Optional[torch.Tensor] = None, base: Optional[torch.Tensor] = None) -> DecoderOutput:
         """The heads on slots ``(S, M, dim)`` and normed hit features ``(S, n, dim)`` (with ``assign_dim``: the
-        hits' embeddings ``keys`` ``(S, n, assign_dim)``); ``out``: an ``(S, M, n)`` buffer the assignment logits
-        are written into (no autograd)."""
+        hits' embeddings ``keys`` ``(S, n, assign_dim)``, and with ``seed_centres`` the seed hits' keys ``base``
+        ``(S, M, assign_dim)`` the centres are offsets from); ``out``: an ``(S, M, n)`` buffer the assignment
+        logits are written into (no autograd)."""
         z = self.out_norm(slots)
         if not self.assign_dim:
             return DecoderOutput(self.class_head(z).squeeze(-1), torch.matmul(self.mask_embed(z), hits.transpose(1, 2),
                                                                               out=out), z)
-        c = self.centre(z)                                                                  # (S, M, E)
+        c = self.centre(z) if base is None else base + self.centre(z)                        # (S, M, E)
         beta = F.softplus(self.kernel[1])
         # α − β‖e − c‖² = [α − β‖c‖², 2βc, −β] · [1, e, ‖e‖²]: one batched product writes the (S, M, n) logits,
         # no elementwise pass over them (the largest tensors of the model at 60k hits)
@@ -402,27 +416,30 @@ class TrackDecoder(nn.Module):
         hits = self.hit_norm(hits) * mask[..., None].to(hits.dtype)   # padding rows are zeros
         slots = self.slots[None].expand(hits.shape[0], -1, -1)
         hit_pos = None if self.pos_embed is None else self.pos_embed(pos.to(hits.dtype))
+        base = None
         if self.seed_proj is not None:
             # checked where looking costs no device sync (as _allowed); phi_sectors always puts real hits first
             if mask.device.type == "cpu" and not is_tracing() and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
                 raise ValueError("TrackDecoder: seed_slots needs each sector's real hits first (mask True, then "
                                  "padding), as phi_sectors cuts them")
             seed_in = hits if hit_pos is None else hits + hit_pos * mask[..., None].to(hits.dtype)
-            idx = self.seed_index(mask)[..., None].expand(-1, -1, self.dim)
-            slots = slots + self.seed_proj(torch.gather(seed_in, 1, idx))
+            rows = self.seed_index(mask)[..., None]
+            slots = slots + self.seed_proj(torch.gather(seed_in, 1, rows.expand(-1, -1, self.dim)))
+            if self.seed_centres:
+                base = torch.gather(keys, 1, rows.expand(-1, -1, self.assign_dim))             # (S, M, E)
         # eager inference of the last stage alone: every stage's logits in one buffer (each stage's are read before
         # the next is written); a fresh (S, M, n) tensor per stage costs its first-touch page faults, which at
         # 60k hits take as long as the product that fills it
         buf = (hits.new_empty(hits.shape[0], self.num_slots, hits.shape[1])
                if last_only and _eager_inference() else None)
-        prev = self.predict(slots, hits, keys, out=buf) if self.attention_mask else None
+        prev = self.predict(slots, hits, keys, out=buf, base=base) if self.attention_mask else None
         outs = []
         for i, layer in enumerate(self.layers):
             allowed = self._allowed(mask, prev if self.attention_mask else None, hits.dtype)
             slots = layer(slots, hits, allowed, hit_pos)
             if last_only and not self.attention_mask and i + 1 < len(self.layers):
                 continue
-            prev = self.predict(slots, hits, keys, out=buf)
+            prev = self.predict(slots, hits, keys, out=buf, base=base)
             outs.append(prev)
         return outs[-1:] if last_only else outs
 
