@@ -81,8 +81,8 @@ if TYPE_CHECKING:
     from .tasks.tracking import TrackingInputs
 
 __all__ = ["REFERENCE_EPS", "DBSCAN_MIN_SAMPLES", "TrackingModel", "open_tracking_checkpoint", "embed_event",
-           "event_tracks", "sector_hits_on_validation", "choose_eps_on_folder", "choose_eps_on_validation", "evaluate_folder", "predict_folder",
-           "submission_track_ids", "output_paths", "format_event_table", "check_event_folder", "check_outputs"]
+           "event_tracks", "sector_hits_on_validation", "choose_eps_on_folder", "choose_eps_on_validation",
+           "evaluate_folder", "predict_folder", "submission_track_ids", "output_paths", "format_event_table", "check_event_folder", "check_outputs"]
 
 #: DBSCAN radius for reference checkpoints (no validation split of their own).
 #: Chosen with the published ``hept-tracking-60k`` model on a public real TrackML event (the
