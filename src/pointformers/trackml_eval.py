@@ -4,7 +4,8 @@
 A checkpoint is either a shipped/authors' HEPT model (``"hept-tracking-60k"``, or a file holding
 an authors' ``state_dict``; :func:`pointformers.models.from_reference_checkpoint`) or a run
 checkpoint of ``pointformers train`` for the tracking task (hit embeddings, tracks by DBSCAN) or the
-track-reconstruction task (an end-to-end model, :class:`~pointformers.models.TrackReconstructor`,
+track-reconstruction task (an end-to-end model,
+:class:`~pointformers.models.track_reconstruction.TrackReconstructor`,
 that assigns the hits to tracks itself). Each TrackML event of the folder is read with
 :func:`pointformers.data.trackml.read_trackml_events` (pixel volumes 7, 8, 9 only, noise hits
 included) and is **one cloud**: the model runs on the whole event at once, as the HEPT authors'
