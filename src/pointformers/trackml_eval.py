@@ -83,7 +83,8 @@ if TYPE_CHECKING:
 
 __all__ = ["REFERENCE_EPS", "DBSCAN_MIN_SAMPLES", "TrackingModel", "open_tracking_checkpoint", "embed_event",
            "event_tracks", "sector_hits_on_validation", "choose_eps_on_folder", "choose_eps_on_validation",
-           "evaluate_folder", "predict_folder", "submission_track_ids", "output_paths", "format_event_table", "check_event_folder", "check_outputs"]
+           "evaluate_folder", "predict_folder", "submission_track_ids", "output_paths", "format_event_table",
+           "check_event_folder", "check_outputs"]
 
 #: DBSCAN radius for reference checkpoints (no validation split of their own).
 #: Chosen with the published ``hept-tracking-60k`` model on a public real TrackML event (the
@@ -197,7 +198,7 @@ def embed_event(tm: TrackingModel, event: TrackingEvent) -> tuple[TrackingInputs
     from .tasks.tracking import tracking_inputs
 
     if tm.end_to_end:
-        inp, emb, _ = event_tracks(tm, event, None)
+        inp, emb, _ = _end_to_end_event(tm, event)
         return inp, emb
     inp = tracking_inputs(event, dtype=torch.float32)
     if inp.num_hits == 0:
@@ -213,14 +214,21 @@ def event_tracks(tm: TrackingModel, event: TrackingEvent, eps: float | None
     """Model inputs, hit embeddings ``(n, d)`` (CPU float32) and track labels ``(n,)`` int64 (−1: none) of one
     whole event: DBSCAN's clusters of the embedding at radius ``eps``, or an end-to-end model's own labels
     (``eps`` None) with its InfoNCE embedding, from one forward pass."""
-    from .tasks.tracking import tracking_inputs
     from .tasks.tracking.building import dbscan_tracks
 
-    if not tm.end_to_end:
-        if eps is None:
-            raise ValueError("eps: an embedding model's tracks are DBSCAN clusters; give its radius")
-        inp, emb = embed_event(tm, event)
-        return inp, emb, dbscan_tracks(emb, eps, DBSCAN_MIN_SAMPLES)
+    if tm.end_to_end:
+        return _end_to_end_event(tm, event)
+    if eps is None:
+        raise ValueError("eps: an embedding model's tracks are DBSCAN clusters; give its radius")
+    inp, emb = embed_event(tm, event)
+    return inp, emb, dbscan_tracks(emb, eps, DBSCAN_MIN_SAMPLES)
+
+
+@torch.no_grad()
+def _end_to_end_event(tm: TrackingModel, event: TrackingEvent) -> tuple[TrackingInputs, torch.Tensor, np.ndarray]:
+    """:func:`event_tracks` of an end-to-end model: its labels and InfoNCE embedding from one forward pass."""
+    from .tasks.tracking import tracking_inputs
+
     inp = tracking_inputs(event, dtype=torch.float32)
     if inp.num_hits == 0:
         return inp, torch.zeros(0, tm.model.embed_head.out_features), np.zeros(0, dtype=np.int64)
@@ -508,5 +516,6 @@ def predict_folder(tm: TrackingModel, folder: str | os.PathLike, out: str | os.P
             n_tracks = len(np.unique(labels[labels >= 0]))
             kind = "tracks" if tm.end_to_end else "tracks of 2+ hits"
             log(f"[{i}/{len(names)}] {name}: {ev.num_hits} pixel hits -> {n_tracks} {kind}, "
-                f"{int((labels < 0).sum())} one-hit tracks ({time.perf_counter() - t0:.1f} s): {tracks.name}, {npz.name}")
+                f"{int((labels < 0).sum())} one-hit tracks ({time.perf_counter() - t0:.1f} s): "
+                f"{tracks.name}, {npz.name}")
     return written

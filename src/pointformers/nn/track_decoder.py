@@ -299,7 +299,8 @@ class TrackDecoder(nn.Module):
                 raise ValueError(f"TrackDecoder: {name} must be true or false, got {flag!r}")
         if seed_centres and not (seed_slots and isinstance(assign_dim, int) and assign_dim > 0):
             raise ValueError(f"TrackDecoder: seed_centres puts each slot's centre at its seed hit's key: it needs "
-                             f"seed_slots=True and assign_dim > 0, got seed_slots={seed_slots!r}, assign_dim={assign_dim!r}")
+                             f"seed_slots=True and assign_dim > 0, got seed_slots={seed_slots!r}, "
+                             f"assign_dim={assign_dim!r}")
         for name, v, lo in (("dim", dim, 1), ("num_slots", num_slots, 1), ("heads", heads, 1), ("n_layers", n_layers, 1),
                             ("pos_dim", pos_dim, 0), ("assign_dim", assign_dim, 0)):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
