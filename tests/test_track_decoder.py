@@ -488,3 +488,46 @@ def test_seeded_centres_start_on_the_seed_hits_keys_and_batch_like_single_sector
     for kw in (dict(assign_dim=6), dict(seed_slots=True), dict(assign_dim=6, seed_slots=True, seed_centres=1)):
         with pytest.raises(ValueError, match="seed_centres"):
             TrackDecoder(dim=16, num_slots=5, heads=4, **({"seed_centres": True} | kw))
+
+
+def test_refined_assignment_starts_as_the_kernel_and_computes_its_formula():
+    """assign_refine: at initialisation the logits equal the kernel model's with the same weights (the per-slot
+    width and the dot product start at zero); with those heads moved, the logits are α − β_m·‖e − c‖² + w_m·h
+    exactly; batched sectors equal sectors run alone; it needs assign_dim."""
+    torch.manual_seed(0)
+    kw = dict(dim=16, num_slots=5, heads=4, n_layers=2, assign_dim=6, seed_slots=True, seed_centres=True,
+              attention_mask=True)
+    dec = TrackDecoder(**kw, assign_refine=True).double().eval()
+    plain = TrackDecoder(**kw).double().eval()
+    plain.load_state_dict({k: v for k, v in dec.state_dict().items() if not k.startswith("width.")})
+    g = torch.Generator().manual_seed(3)
+    hits = torch.randn(3, 12, 16, generator=g, dtype=torch.float64)
+    keys = torch.randn(3, 12, 6, generator=g, dtype=torch.float64)
+    mask = torch.ones(3, 12, dtype=torch.bool)
+    mask[1, 7:], mask[2, 2:] = False, False
+    with torch.no_grad():
+        for a, b in zip(dec(hits, mask, keys=keys), plain(hits, mask, keys=keys)):
+            torch.testing.assert_close(a.assign_logits, b.assign_logits, rtol=1e-12, atol=1e-12)
+        for p in list(dec.width.parameters()) + list(dec.mask_embed[-1].parameters()):
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.3)
+        z = torch.randn(3, 5, 16, generator=g, dtype=torch.float64)
+        base = torch.randn(3, 5, 6, generator=g, dtype=torch.float64)
+        h = dec.hit_norm(hits)
+        got = dec.predict(z, h, keys, base=base).assign_logits
+        zn = dec.out_norm(z)
+        c = base + dec.centre(zn)
+        beta = torch.nn.functional.softplus(dec.kernel[1] + dec.width(zn))              # (S, M, 1)
+        want = dec.kernel[0] - beta * torch.cdist(c, keys) ** 2 + dec.mask_embed(zn) @ h.transpose(1, 2)
+        torch.testing.assert_close(got, want)
+        plain.load_state_dict({k: v for k, v in dec.state_dict().items() if not k.startswith("width.")})
+        assert not torch.allclose(got, plain.predict(z, h, keys, base=base).assign_logits)
+        batched = dec(hits, mask, keys=keys)
+        for s in range(3):
+            n = int(mask[s].sum())
+            alone = dec(hits[s:s + 1, :n], keys=keys[s:s + 1, :n])
+            for a, b in zip(alone, batched):
+                torch.testing.assert_close(a.assign_logits[0], b.assign_logits[s, :, :n], rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="assign_refine"):
+        TrackDecoder(dim=16, num_slots=5, heads=4, assign_refine=True)
+    with pytest.raises(ValueError, match="assign_refine"):
+        TrackDecoder(dim=16, num_slots=5, heads=4, assign_dim=6, assign_refine=1)

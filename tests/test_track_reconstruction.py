@@ -71,6 +71,8 @@ def test_batched_events_equal_events_run_alone(overlap, encoder):
 def test_assign_space_is_named_when_wrong():
     with pytest.raises(ValueError, match="^assign_space: expected 'features'"):
         TrackReconstructor(assign_space="kernel")
+    with pytest.raises(ValueError, match="^assign_refine refines the kernel"):
+        TrackReconstructor(assign_refine=True)
 
 
 def test_sector_hits_scale_the_sectors_with_the_event(monkeypatch):
@@ -424,9 +426,11 @@ def test_the_parameters_of_a_slot_with_hits_are_their_helix_fit():
                                      dict(attention="full", sector_frame=True, seed_slots=True),
                                      dict(attention="full", assign_space="embedding", attention_mask=True),
                                      dict(attention="full", assign_space="embedding", attention_mask=True,
-                                          seed_slots=True, seed_centres=True)],
+                                          seed_slots=True, seed_centres=True),
+                                     dict(attention="full", assign_space="embedding", attention_mask=True,
+                                          seed_slots=True, seed_centres=True, assign_refine=True)],
                          ids=["full", "v2", "stitched", "sector-frame", "merged", "seeded", "embedding-assign",
-                              "seeded-centres"])
+                              "seeded-centres", "refined"])
 def test_the_exported_model_equals_the_eager_one(tmp_path, encoder):
     """torch.export of the whole model, assignment step included: the file's track labels equal the eager
     model's at point counts other than the traced one (full attention, and the published encoder's design;

@@ -116,6 +116,9 @@ class TrackReconstructor(nn.Module):
             InfoNCE embedding plus a learned offset (starting at zero), so every slot starts out claiming the hits
             around a real hit, as DBSCAN's neighbourhoods do (the decoder's ``seed_centres``; beyond the
             published design).
+        assign_refine: with ``assign_space="embedding"``: each slot also learns its own kernel width and adds the
+            published dot product with the hit features to the kernel, both starting at zero (the decoder's
+            ``assign_refine``; beyond the published design).
         assign_space: ``"features"`` (default, published): a hit's assignment logit is the dot product of the
             slot's mask embedding with the hit's feature; ``"embedding"``: a kernel around a centre the slot
             predicts in the InfoNCE embedding (the decoder's ``assign_dim``), which the contrastive loss shapes
@@ -147,7 +150,8 @@ class TrackReconstructor(nn.Module):
                  stitch_min_hits: int = 0, sector_frame: bool = False, eta_column: int = 0,
                  frame_columns: Sequence[int] = (),
                  merge_max_hits: int = 2, merge_radius: float = 0.0, param_fit: bool = True, seed_slots: bool = False,
-                 assign_space: str = "features", sector_hits: int = 0, seed_centres: bool = False):
+                 assign_space: str = "features", sector_hits: int = 0, seed_centres: bool = False,
+                 assign_refine: bool = False):
         super().__init__()
         if not isinstance(sector_hits, int) or isinstance(sector_hits, bool) or sector_hits < 0:
             raise ValueError(f"sector_hits: expected an integer >= 0 (0: always `sectors` sectors), got {sector_hits!r}")
@@ -159,6 +163,9 @@ class TrackReconstructor(nn.Module):
         if seed_centres is True and (seed_slots is not True or assign_space != "embedding"):
             raise ValueError(f"seed_centres: centres at the seed hits' embeddings need seed_slots=true and "
                              f"assign_space='embedding', got seed_slots={seed_slots!r}, assign_space={assign_space!r}")
+        if assign_refine is True and assign_space != "embedding":
+            raise ValueError(f"assign_refine refines the kernel in the InfoNCE embedding: it needs "
+                             f"assign_space='embedding', got {assign_space!r}")
         if not isinstance(param_fit, bool):
             raise ValueError(f"param_fit: expected true or false, got {param_fit!r}")
         if param_fit and in_dim <= max(FIT_COLUMNS):
@@ -204,7 +211,7 @@ class TrackReconstructor(nn.Module):
         self.decoder = TrackDecoder(dim, num_slots, heads=decoder_heads, n_layers=decoder_layers, dropout=dropout,
                                     attention_mask=attention_mask, pos_dim=3 + len(self.frame_columns) if sector_frame else 0,
                                     seed_slots=seed_slots, assign_dim=embed_dim if assign_space == "embedding" else 0,
-                                    seed_centres=seed_centres)
+                                    seed_centres=seed_centres, assign_refine=assign_refine)
         self.param_fit = param_fit
         self.param_head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, len(TRACK_PARAMS)))
 

@@ -282,6 +282,11 @@ class TrackDecoder(nn.Module):
             the hits around a real hit of its sector, as a density clustering seeded there would, and learns
             to move, widen and score it (two-stage DETR's query selection, here from spread seeds). Beyond
             the published design.
+        assign_refine: with ``assign_dim``: each slot also predicts its own kernel width (``β_m`` = softplus of
+            the shared parameter plus a per-slot offset) and adds the published dot product of its mask embedding
+            with the normed hit features to the kernel, ``logit = α − β_m·‖e − c‖² + w_m·h``; both start at zero
+            (the kernel alone), so a slot learns to narrow its claim and to refuse hits near its centre whose
+            features disagree (fewer impure tracks). Beyond the published design.
 
     Shapes: ``forward(hits (S, n, dim), mask (S, n) bool, pos (S, n, pos_dim) | None, keys (S, n, assign_dim) | None)``
     returns a list of ``n_layers``
@@ -292,15 +297,19 @@ class TrackDecoder(nn.Module):
 
     def __init__(self, dim: int, num_slots: int, heads: int = 8, n_layers: int = 2, hidden: Optional[int] = None,
                  dropout: float = 0.0, attention_mask: bool = False, mask_threshold: float = 0.5, pos_dim: int = 0,
-                 seed_slots: bool = False, assign_dim: int = 0, seed_centres: bool = False):
+                 seed_slots: bool = False, assign_dim: int = 0, seed_centres: bool = False,
+                 assign_refine: bool = False):
         super().__init__()
-        for name, flag in (("seed_slots", seed_slots), ("seed_centres", seed_centres)):
+        for name, flag in (("seed_slots", seed_slots), ("seed_centres", seed_centres), ("assign_refine", assign_refine)):
             if not isinstance(flag, bool):
                 raise ValueError(f"TrackDecoder: {name} must be true or false, got {flag!r}")
         if seed_centres and not (seed_slots and isinstance(assign_dim, int) and assign_dim > 0):
             raise ValueError(f"TrackDecoder: seed_centres puts each slot's centre at its seed hit's key: it needs "
                              f"seed_slots=True and assign_dim > 0, got seed_slots={seed_slots!r}, "
                              f"assign_dim={assign_dim!r}")
+        if assign_refine and not (isinstance(assign_dim, int) and assign_dim > 0):
+            raise ValueError(f"TrackDecoder: assign_refine refines the kernel assignment: it needs assign_dim > 0, "
+                             f"got assign_dim={assign_dim!r}")
         for name, v, lo in (("dim", dim, 1), ("num_slots", num_slots, 1), ("heads", heads, 1), ("n_layers", n_layers, 1),
                             ("pos_dim", pos_dim, 0), ("assign_dim", assign_dim, 0)):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
@@ -332,6 +341,13 @@ class TrackDecoder(nn.Module):
         if seed_centres:   # the offset from the seed hit's key starts at zero: the centre starts on the seed
             nn.init.zeros_(self.centre[-1].weight)
             nn.init.zeros_(self.centre[-1].bias)
+        self.assign_refine = assign_refine
+        # per-slot width offset and the residual dot product start at zero: the kernel alone at first
+        self.width = nn.Linear(dim, 1) if assign_refine else None
+        if assign_refine:
+            for lin in (self.width, self.mask_embed[-1]):
+                nn.init.zeros_(lin.weight)
+                nn.init.zeros_(lin.bias)
 
     def seed_index(self, mask: torch.Tensor) -> torch.Tensor:
         """``(S, M)`` int64: the row of each slot's seed hit (``seed_slots``), ⌊(2m + 1)·n / 2M⌋ for the ``n``
@@ -351,12 +367,18 @@ class TrackDecoder(nn.Module):
             return DecoderOutput(self.class_head(z).squeeze(-1), torch.matmul(self.mask_embed(z), hits.transpose(1, 2),
                                                                               out=out), z)
         c = self.centre(z) if base is None else base + self.centre(z)                        # (S, M, E)
-        beta = F.softplus(self.kernel[1])
+        # β: shared, or with assign_refine per slot (S, M, 1)
+        beta = F.softplus(self.kernel[1] if self.width is None else self.kernel[1] + self.width(z))
         # α − β‖e − c‖² = [α − β‖c‖², 2βc, −β] · [1, e, ‖e‖²]: one batched product writes the (S, M, n) logits,
-        # no elementwise pass over them (the largest tensors of the model at 60k hits)
-        slot_side = torch.cat([self.kernel[0] - beta * (c * c).sum(-1, keepdim=True), (2.0 * beta) * c,
-                               (-beta).expand(c.shape[:-1] + (1,))], -1)                    # (S, M, E + 2)
-        hit_side = torch.cat([torch.ones_like(keys[..., :1]), keys, (keys * keys).sum(-1, keepdim=True)], -1)
+        # no elementwise pass over them (the largest tensors of the model at 60k hits); assign_refine's dot
+        # product w·h joins the same product as further columns
+        slot_parts = [self.kernel[0] - beta * (c * c).sum(-1, keepdim=True), (2.0 * beta) * c,
+                      (-beta).expand(c.shape[:-1] + (1,))]                                     # (S, M, E + 2)
+        hit_parts = [torch.ones_like(keys[..., :1]), keys, (keys * keys).sum(-1, keepdim=True)]
+        if self.assign_refine:
+            slot_parts.append(self.mask_embed(z))
+            hit_parts.append(hits.to(keys.dtype))
+        slot_side, hit_side = torch.cat(slot_parts, -1), torch.cat(hit_parts, -1)
         logits = torch.matmul(slot_side, hit_side.transpose(1, 2), out=out)
         return DecoderOutput(self.class_head(z).squeeze(-1), logits, z)
 
