@@ -458,6 +458,27 @@ def test_assignment_in_an_embedding_space_is_a_kernel_around_each_slots_centre()
         TrackDecoder(dim=16, num_slots=5, heads=4, assign_dim=-1)
 
 
+def _padded_sectors(g: torch.Generator):
+    """Three sectors of 12 rows (float64): hit features (3, 12, 16), keys (3, 12, 6) and a mask with padding
+    after 7 rows in the second and after 2 in the third."""
+    hits = torch.randn(3, 12, 16, generator=g, dtype=torch.float64)
+    keys = torch.randn(3, 12, 6, generator=g, dtype=torch.float64)
+    mask = torch.ones(3, 12, dtype=torch.bool)
+    mask[1, 7:], mask[2, 2:] = False, False
+    return hits, keys, mask
+
+
+def _assert_batched_equals_alone(dec, hits, keys, mask):
+    """Every stage's logits of the padded batch equal those of each sector run alone on its real hits."""
+    batched = dec(hits, mask, keys=keys)
+    for s in range(hits.shape[0]):
+        n = int(mask[s].sum())
+        alone = dec(hits[s:s + 1, :n], keys=keys[s:s + 1, :n])
+        for a, b in zip(alone, batched):
+            torch.testing.assert_close(a.assign_logits[0], b.assign_logits[s, :, :n], rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(a.object_logits[0], b.object_logits[s], rtol=1e-10, atol=1e-10)
+
+
 def test_seeded_centres_start_on_the_seed_hits_keys_and_batch_like_single_sectors():
     """seed_centres: a slot's centre is its seed hit's key plus the centre head's offset, which starts at zero, so
     the first prediction's logits are α − β·‖e − e_seed‖² exactly; batched
@@ -466,10 +487,7 @@ def test_seeded_centres_start_on_the_seed_hits_keys_and_batch_like_single_sector
     dec = TrackDecoder(dim=16, num_slots=5, heads=4, n_layers=2, assign_dim=6, seed_slots=True, seed_centres=True,
                        attention_mask=True).double().eval()
     g = torch.Generator().manual_seed(3)
-    hits = torch.randn(3, 12, 16, generator=g, dtype=torch.float64)
-    keys = torch.randn(3, 12, 6, generator=g, dtype=torch.float64)
-    mask = torch.ones(3, 12, dtype=torch.bool)
-    mask[1, 7:], mask[2, 2:] = False, False
+    hits, keys, mask = _padded_sectors(g)
     with torch.no_grad():
         slots = dec.slots + dec.seed_proj(torch.gather(dec.hit_norm(hits) * mask[..., None], 1,
                                                        dec.seed_index(mask)[..., None].expand(-1, -1, 16)))
@@ -478,13 +496,7 @@ def test_seeded_centres_start_on_the_seed_hits_keys_and_batch_like_single_sector
         seeds = torch.stack([keys[s, dec.seed_index(mask)[s]] for s in range(3)])          # (S, M, 6)
         beta = torch.nn.functional.softplus(dec.kernel[1])
         torch.testing.assert_close(first.assign_logits, dec.kernel[0] - beta * torch.cdist(seeds, keys) ** 2)
-        batched = dec(hits, mask, keys=keys)
-        for s in range(3):
-            n = int(mask[s].sum())
-            alone = dec(hits[s:s + 1, :n], keys=keys[s:s + 1, :n])
-            for a, b in zip(alone, batched):
-                torch.testing.assert_close(a.assign_logits[0], b.assign_logits[s, :, :n], rtol=1e-10, atol=1e-10)
-                torch.testing.assert_close(a.object_logits[0], b.object_logits[s], rtol=1e-10, atol=1e-10)
+        _assert_batched_equals_alone(dec, hits, keys, mask)
     for kw in (dict(assign_dim=6), dict(seed_slots=True), dict(assign_dim=6, seed_slots=True, seed_centres=1)):
         with pytest.raises(ValueError, match="seed_centres"):
             TrackDecoder(dim=16, num_slots=5, heads=4, **({"seed_centres": True} | kw))
@@ -501,10 +513,7 @@ def test_refined_assignment_starts_as_the_kernel_and_computes_its_formula():
     plain = TrackDecoder(**kw).double().eval()
     plain.load_state_dict({k: v for k, v in dec.state_dict().items() if not k.startswith("width.")})
     g = torch.Generator().manual_seed(3)
-    hits = torch.randn(3, 12, 16, generator=g, dtype=torch.float64)
-    keys = torch.randn(3, 12, 6, generator=g, dtype=torch.float64)
-    mask = torch.ones(3, 12, dtype=torch.bool)
-    mask[1, 7:], mask[2, 2:] = False, False
+    hits, keys, mask = _padded_sectors(g)
     with torch.no_grad():
         for a, b in zip(dec(hits, mask, keys=keys), plain(hits, mask, keys=keys)):
             torch.testing.assert_close(a.assign_logits, b.assign_logits, rtol=1e-12, atol=1e-12)
@@ -521,12 +530,7 @@ def test_refined_assignment_starts_as_the_kernel_and_computes_its_formula():
         torch.testing.assert_close(got, want)
         plain.load_state_dict({k: v for k, v in dec.state_dict().items() if not k.startswith("width.")})
         assert not torch.allclose(got, plain.predict(z, h, keys, base=base).assign_logits)
-        batched = dec(hits, mask, keys=keys)
-        for s in range(3):
-            n = int(mask[s].sum())
-            alone = dec(hits[s:s + 1, :n], keys=keys[s:s + 1, :n])
-            for a, b in zip(alone, batched):
-                torch.testing.assert_close(a.assign_logits[0], b.assign_logits[s, :, :n], rtol=1e-10, atol=1e-10)
+        _assert_batched_equals_alone(dec, hits, keys, mask)
     with pytest.raises(ValueError, match="assign_refine"):
         TrackDecoder(dim=16, num_slots=5, heads=4, assign_refine=True)
     with pytest.raises(ValueError, match="assign_refine"):
