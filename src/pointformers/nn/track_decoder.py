@@ -341,10 +341,9 @@ class TrackDecoder(nn.Module):
         if seed_centres:   # the offset from the seed hit's key starts at zero: the centre starts on the seed
             nn.init.zeros_(self.centre[-1].weight)
             nn.init.zeros_(self.centre[-1].bias)
-        self.assign_refine = assign_refine
-        # per-slot width offset and the residual dot product start at zero: the kernel alone at first
+        # assign_refine: the per-slot width offset and the residual dot product start at zero (the kernel alone)
         self.width = nn.Linear(dim, 1) if assign_refine else None
-        if assign_refine:
+        if self.width is not None:
             for lin in (self.width, self.mask_embed[-1]):
                 nn.init.zeros_(lin.weight)
                 nn.init.zeros_(lin.bias)
@@ -375,9 +374,9 @@ class TrackDecoder(nn.Module):
         slot_parts = [self.kernel[0] - beta * (c * c).sum(-1, keepdim=True), (2.0 * beta) * c,
                       (-beta).expand(c.shape[:-1] + (1,))]                                     # (S, M, E + 2)
         hit_parts = [torch.ones_like(keys[..., :1]), keys, (keys * keys).sum(-1, keepdim=True)]
-        if self.assign_refine:
+        if self.width is not None:
             slot_parts.append(self.mask_embed(z))
-            hit_parts.append(hits.to(keys.dtype))
+            hit_parts.append(hits)
         slot_side, hit_side = torch.cat(slot_parts, -1), torch.cat(hit_parts, -1)
         logits = torch.matmul(slot_side, hit_side.transpose(1, 2), out=out)
         return DecoderOutput(self.class_head(z).squeeze(-1), logits, z)
