@@ -50,7 +50,7 @@ __all__ = ["compare_accuracy", "latency", "accuracy_text", "latency_text", "main
 
 #: Event sizes [hits] of the latency table (with peak memory) and of the latency curve.
 TABLE_SIZES = (6000, 60000)
-CURVE_SIZES = (10000, 30000, 60000, 120000, 250000, 500000)
+CURVE_SIZES = (10000, 25000, 50000, 100000, 250000, 500000)
 
 #: The accuracy columns: (header, row key, format).
 _COLUMNS = (("eff DM", "eff_dm", ".3f"), ("eff perfect", "eff_perfect", ".3f"), ("eff LHC", "eff_lhc", ".3f"),
