@@ -119,3 +119,17 @@ def test_concurrent_section_writers_keep_each_others_sections(tmp_path):
     for n in names:
         assert text.count(f"<!-- {n}:begin -->") == 1 and f"{n} text 24" in text, n
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_row_recorded_before_a_null_default_option_existed_is_still_taken():
+    """An option added later with a null default (null: the earlier behaviour) leaves the rows recorded without
+    it valid; any other difference, at any depth, still refuses the row by section."""
+    from pointformers.bench.harness import check_recorded_config
+
+    cfg = {"model": {"name": "m", "options": {"dim": 8}}, "task": {"name": "t", "new_option": None}, "train": {}}
+    row = {"run_config": {"model": {"name": "m", "options": {"dim": 8}}, "task": {"name": "t"}, "train": {}}}
+    check_recorded_config(row, cfg, "run", "file.json")
+    for changed in ({**cfg, "task": {"name": "t", "new_option": 0.9}},
+                    {**cfg, "model": {"name": "m", "options": {"dim": 16}}}):
+        with pytest.raises(ValueError, match="different config"):
+            check_recorded_config(row, changed, "run", "file.json")

@@ -2,6 +2,8 @@
 equal events run alone, labels only on real hits and unique per event, the loss trains it."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -379,6 +381,59 @@ def test_task_losses_on_a_generated_cloud():
         TrackReconstructionTask(hit_weight=float("nan"))
 
 
+def test_the_hit_classifier_learns_hits_above_hit_pt_min():
+    """task.hit_pt_min sets the hit classifier's targets apart from the slots' (pt_min): its term is the binary
+    cross-entropy against the hits of reconstructable particles above it; a config's key reaches the task."""
+    import torch.nn.functional as F
+
+    from pointformers.data.tracking import generate_event, preset_params
+    from pointformers.engine.config import load_config
+    from pointformers.tasks.registry import get_task
+    from pointformers.tasks.tracking.reconstruction import TrackReconstructionTask
+    from pointformers.tasks.tracking.training import prepare_tracking_clouds
+
+    cloud, = prepare_tracking_clouds([generate_event(preset_params("tiny"), seed=5)], cache_dir=False)
+    torch.manual_seed(0)
+    model = TrackReconstructor(dim=16, heads=2, n_layers=1, num_slots=24, block_size=32, num_regions=4, decoder_heads=2)
+    out = model(cloud.inputs.x[None], cloud.inputs.coords[None], outputs=True)
+    high, every = cloud.target_hits(0.9), cloud.target_hits(0.0)
+    assert 0 < int(high.sum()) < int(every.sum())
+    for task, target in ((TrackReconstructionTask(pt_min=0.0), every),
+                         (TrackReconstructionTask(pt_min=0.0, hit_pt_min=0.9), high)):
+        hit = task.losses(out, cloud, torch.Generator().manual_seed(0))["hit"]
+        assert torch.allclose(hit, F.binary_cross_entropy_with_logits(out.hit_logits[0], target.float()))
+    assert TrackReconstructionTask(pt_min=0.5).hit_pt_min == 0.5
+    for bad in (-0.1, float("nan"), "1", True):
+        with pytest.raises(ValueError, match="^hit_pt_min"):
+            TrackReconstructionTask(hit_pt_min=bad)
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(str(root / "configs" / "track-reconstruction-6k.yaml"), ["task.hit_pt_min=0.9"])
+    assert get_task("track-reconstruction").build(cfg).hit_pt_min == 0.9
+
+
+def test_the_hit_gate_leaves_hits_the_classifier_rejects_without_a_track():
+    """hit_threshold: a hit whose hit-classifier probability is below it takes no track; the others keep
+    their labels; 0 changes nothing; the model's own gate is its labels' (forward)."""
+    model = _model(n_layers=1, threshold=0.0, attention="full", merge_max_hits=0).eval()
+    (x, coords), = _clouds((400,), seed=3)
+    with torch.no_grad():
+        out = model(x[None], coords[None], outputs=True)
+        free = model.assign(out, 400)
+        p = torch.sigmoid(out.hit_logits)
+        assert torch.equal(model.assign(out, 400, hit_threshold=0.0), free)
+        for h in (0.3, 0.5, 0.7):
+            gated = model.assign(out, 400, hit_threshold=h)
+            assert torch.equal(gated[p >= h], free[p >= h]) and bool((gated[p < h] == -1).all())
+        h = float(p.median())
+        assert bool((free[p < h] >= 0).any())           # the gate has something to remove
+        model.hit_threshold = h
+        assert torch.equal(model(x[None], coords[None]), model.assign(out, 400, hit_threshold=h))
+    with pytest.raises(ValueError, match="^hit_threshold"):
+        _model(hit_threshold=1.0)
+    with pytest.raises(ValueError, match="^hit_threshold"):
+        model.assign(out, 400, hit_threshold=-0.1)
+
+
 def test_the_parameters_of_a_slot_with_hits_are_their_helix_fit():
     """param_fit (the default): a slot that claims at least three hits reports the helix fit of those hits, the
     head the others (and only they train it); param_fit=False: the head everywhere; a checkpoint loads either way."""
@@ -428,9 +483,10 @@ def test_the_parameters_of_a_slot_with_hits_are_their_helix_fit():
                                      dict(attention="full", assign_space="embedding", attention_mask=True,
                                           seed_slots=True, seed_centres=True),
                                      dict(attention="full", assign_space="embedding", attention_mask=True,
-                                          seed_slots=True, seed_centres=True, assign_refine=True)],
+                                          seed_slots=True, seed_centres=True, assign_refine=True),
+                                     dict(attention="full", hit_threshold=0.5)],
                          ids=["full", "v2", "stitched", "sector-frame", "merged", "seeded", "embedding-assign",
-                              "seeded-centres", "refined"])
+                              "seeded-centres", "refined", "gated"])
 def test_the_exported_model_equals_the_eager_one(tmp_path, encoder):
     """torch.export of the whole model, assignment step included: the file's track labels equal the eager
     model's at point counts other than the traced one (full attention, and the published encoder's design;
@@ -521,7 +577,8 @@ def test_the_assignment_threshold_and_merging_radius_are_chosen_on_validation_cl
     # as HEPT's DBSCAN radius: the grid's threshold of highest mean TrackML score on the validation clouds
     # (ties: the larger), then at it the merging radius (ties: the smaller), then used on the test clouds
     from pointformers.data.tracking import generate_event, preset_params
-    from pointformers.tasks.tracking.reconstruction import MERGE_RADIUS_GRID, THRESHOLD_GRID, TrackReconstructionTask
+    from pointformers.tasks.tracking.reconstruction import (HIT_GATE_GRID, MERGE_RADIUS_GRID, THRESHOLD_GRID,
+                                                            TrackReconstructionTask)
     from pointformers.tasks.tracking.trackml_score import trackml_score, trackml_score_split
     from pointformers.tasks.tracking.training import cloud_truth_weights, prepare_tracking_clouds
 
@@ -540,35 +597,46 @@ def test_the_assignment_threshold_and_merging_radius_are_chosen_on_validation_cl
     i = max(range(len(s1)), key=lambda k: (s1[k], k))
     s2 = scores([(THRESHOLD_GRID[i], r) for r in MERGE_RADIUS_GRID])
     j = max(range(len(s2)), key=lambda k: (s2[k], -k))
-    t, r, score = task.choose_assignment(model, val)
-    assert (t, r, score) == (THRESHOLD_GRID[i], MERGE_RADIUS_GRID[j], s2[j])
+    t, r, g, score = task.choose_assignment(model, val)
+    assert (t, r, g, score) == (THRESHOLD_GRID[i], MERGE_RADIUS_GRID[j], 0.0, s2[j])   # hit_pt_min = pt_min: no gate
     # labels that are perfect at one threshold (any radius) or at one radius only: that one is chosen
     pid = val[0].inputs.particle_id
     real_assign, real_merge = model.assign, model.merge
     for k in (0, 4, len(THRESHOLD_GRID) - 2):
-        model.assign = lambda out, n, threshold=None, k=k: (pid if threshold == THRESHOLD_GRID[k]
-                                                           else torch.full_like(pid, -1))[None]
+        model.assign = lambda out, n, threshold=None, k=k, **kw: (pid if threshold == THRESHOLD_GRID[k]
+                                                                 else torch.full_like(pid, -1))[None]
         model.merge = lambda labels, emb, radius=None, sectors=None: labels
-        assert task.choose_assignment(model, val) == (THRESHOLD_GRID[k], 0.0, 1.0)
+        assert task.choose_assignment(model, val) == (THRESHOLD_GRID[k], 0.0, 0.0, 1.0)
     for k in (1, len(MERGE_RADIUS_GRID) - 1):
-        model.assign = lambda out, n, threshold=None: torch.full_like(pid, -1)[None]
+        model.assign = lambda out, n, threshold=None, **kw: torch.full_like(pid, -1)[None]
         model.merge = lambda labels, emb, radius=None, sectors=None, k=k: pid[None] if radius == MERGE_RADIUS_GRID[k] else labels
-        assert task.choose_assignment(model, val) == (THRESHOLD_GRID[-1], MERGE_RADIUS_GRID[k], 1.0)
+        assert task.choose_assignment(model, val) == (THRESHOLD_GRID[-1], MERGE_RADIUS_GRID[k], 0.0, 1.0)
+    # the gate: searched with every radius when the hit classifier learns fewer particles than the slots; a
+    # setting perfect at one gate only is the one chosen (ties: the smaller gate, then the smaller radius)
+    gated = TrackReconstructionTask(pt_min=0.0, hit_pt_min=0.9)
+    for k in (1, len(HIT_GATE_GRID) - 1):
+        model.assign = lambda out, n, threshold=None, **kw: pid[None]
+        model.gate = lambda labels, out, h=None, k=k: labels if h == HIT_GATE_GRID[k] else torch.full_like(labels, -1)
+        model.merge = lambda labels, emb, radius=None, sectors=None: labels
+        assert gated.choose_assignment(model, val) == (THRESHOLD_GRID[-1], 0.0, HIT_GATE_GRID[k], 1.0)
+        assert task.choose_assignment(model, val, hit_thresholds=HIT_GATE_GRID)[2] == HIT_GATE_GRID[k]
+    del model.gate
     model.assign, model.merge = real_assign, real_merge
     val_metrics = task.evaluate(model, val)                  # the validation metric: at the chosen setting
-    assert (val_metrics["threshold"], val_metrics["merge_radius"], val_metrics["trackml_score"]) == (t, r, score)
+    assert (val_metrics["threshold"], val_metrics["merge_radius"], val_metrics["hit_threshold"],
+            val_metrics["trackml_score"]) == (t, r, g, score)
     res = task.evaluate_report(model, val, test)
-    assert (res["threshold"], res["merge_radius"], res["val_trackml_score"]) == (t, r, score)
+    assert (res["threshold"], res["merge_radius"], res["hit_threshold"], res["val_trackml_score"]) == (t, r, g, score)
     (lab, _), = task.predict(model, test, [(t, r)])
     assert res["num_tracks"] == len(np.unique(lab[0][lab[0] >= 0]))
     # after training (the engine's hooks): best.pt's config carries the validated options, the model and
     # the test pass use them instead of choosing again on the test clouds
-    assert task.validated_options(val_metrics) == {"threshold": t, "merge_radius": r}
+    assert task.validated_options(val_metrics) == {"threshold": t, "merge_radius": r, "hit_threshold": g}
     other = THRESHOLD_GRID[0] if t != THRESHOLD_GRID[0] else THRESHOLD_GRID[1]
-    task.use_validated(model, {"threshold": other, "merge_radius": 0.3})
-    assert (model.threshold, model.merge_radius) == (other, 0.3)
+    task.use_validated(model, {"threshold": other, "merge_radius": 0.3, "hit_threshold": 0.4})
+    assert (model.threshold, model.merge_radius, model.hit_threshold) == (other, 0.3, 0.4)
     got = task.evaluate(model, test)
-    assert (got["threshold"], got["merge_radius"]) == (other, 0.3)
+    assert (got["threshold"], got["merge_radius"], got["hit_threshold"]) == (other, 0.3, 0.4)
     (lab, _), = task.predict(model, test)                     # the model's own setting now
-    (want, _), = task.predict(model, test, [(other, 0.3)])
+    (want, _), = task.predict(model, test, [(other, 0.3, 0.4)])
     assert np.array_equal(lab, want[0])

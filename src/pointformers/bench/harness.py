@@ -245,6 +245,13 @@ def run_config_record(cfg) -> dict:
     return json.loads(json.dumps({k: cfg[k] for k in ("model", "data", "task", "train") if k in cfg}, default=str))
 
 
+def _without_nulls(d):
+    """A JSON value with the null entries of its mappings dropped, at every depth."""
+    if isinstance(d, dict):
+        return {k: _without_nulls(v) for k, v in d.items() if v is not None}
+    return d
+
+
 def check_recorded_config(row, cfg, name: str, source: str) -> None:
     """Refuse (``ValueError``) a recorded row of run ``name`` (from file ``source``) whose recorded config
     is missing or differs from ``cfg``, the config the run would be trained with now: a stale row never
@@ -254,6 +261,8 @@ def check_recorded_config(row, cfg, name: str, source: str) -> None:
     if got is None:
         raise ValueError(f"reuse: the row of {name} in {source!r} does not record its config (written before "
                          "run configs were recorded); train it again")
+    # an option added later with a null default (null: the earlier behaviour) leaves older rows valid
+    want, got = _without_nulls(want), _without_nulls(got)
     if got != want:
         diff = sorted(k for k in set(want) | set(got) if got.get(k) != want.get(k))
         raise ValueError(f"reuse: the row of {name} in {source!r} was trained with a different config (sections "

@@ -105,6 +105,10 @@ class TrackReconstructor(nn.Module):
             ``sector_frame``), e.g. ``[2, 4]`` = (r, z) in the tracking inputs: a particle's hits lie on a line in
             (r, z) whatever its vertex, while their η spreads with the vertex's z (most in the barrel).
         threshold: the score below which a hit is left without a track at inference.
+        hit_threshold: at inference, a hit whose hit-classifier probability (σ of ``hit_logits``) is below this
+            takes no track (0, default: off). With the classifier trained on hits of pT above the metrics' cut
+            (the task's ``hit_pt_min``) while every particle is a slot target, it keeps the hits of low-pT
+            particles out of the tracks; the task chooses it on validation data. Beyond the published design.
         merge_max_hits: at inference, a track of at most this many hits (a fragment) joins the track of more
             hits whose mean embedding is nearest (published: 2; 0: off), :func:`merge_tracks`.
         merge_radius: at inference, a track whose mean embedding lies within this (Euclidean) radius of a
@@ -151,7 +155,7 @@ class TrackReconstructor(nn.Module):
                  frame_columns: Sequence[int] = (),
                  merge_max_hits: int = 2, merge_radius: float = 0.0, param_fit: bool = True, seed_slots: bool = False,
                  assign_space: str = "features", sector_hits: int = 0, seed_centres: bool = False,
-                 assign_refine: bool = False):
+                 assign_refine: bool = False, hit_threshold: float = 0.0):
         super().__init__()
         if not isinstance(sector_hits, int) or isinstance(sector_hits, bool) or sector_hits < 0:
             raise ValueError(f"sector_hits: expected an integer >= 0 (0: always `sectors` sectors), got {sector_hits!r}")
@@ -184,6 +188,8 @@ class TrackReconstructor(nn.Module):
             raise ValueError(f"frame_columns={list(frame_columns)} extend the sector frame: it needs sector_frame=true")
         if not (0.0 <= threshold < 1.0):
             raise ValueError(f"threshold: expected a score in [0, 1), got {threshold!r}")
+        _check_hit_threshold(hit_threshold)
+        self.hit_threshold = float(hit_threshold)
         phi_sectors(torch.zeros(1, 1), None, sectors, overlap)   # checks sectors and overlap by name
         if not isinstance(stitch_min_hits, int) or isinstance(stitch_min_hits, bool) or stitch_min_hits < 0:
             raise ValueError(f"stitch_min_hits: expected an integer >= 0 (0: no stitching), got {stitch_min_hits!r}")
@@ -292,13 +298,24 @@ class TrackReconstructor(nn.Module):
         return max(self.num_sectors, -(-most // self.sector_hits))
 
     def assign(self, out: TrackOutput, num_hits: int, threshold: Optional[float] = None,
-               consume: bool = False) -> torch.Tensor:
+               consume: bool = False, hit_threshold: Optional[float] = None) -> torch.Tensor:
         """Track labels ``(B, N)`` from a forward's output before merging: each hit's best slot of its
-        sector (−1 = no track, and at padding); ``threshold`` overrides the model's own; ``consume``: the
-        output's last assignment logits may be overwritten (:func:`~pointformers.nn.track_decoder.assign_hits`)."""
+        sector (−1 = no track, and at padding), then :meth:`gate`; ``threshold`` and ``hit_threshold`` override
+        the model's own; ``consume``: the output's last assignment logits may be overwritten
+        (:func:`~pointformers.nn.track_decoder.assign_hits`)."""
         labels, scores = assign_hits(out.stages[-1], out.sectors.mask, self.threshold if threshold is None else threshold,
                                      consume=consume)
-        return labels_to_hits(labels, scores, out.sectors, num_hits, self.num_slots, self.stitch_min_hits)
+        labels = labels_to_hits(labels, scores, out.sectors, num_hits, self.num_slots, self.stitch_min_hits)
+        return self.gate(labels, out, hit_threshold)
+
+    def gate(self, labels: torch.Tensor, out: TrackOutput, hit_threshold: Optional[float] = None) -> torch.Tensor:
+        """``labels`` ``(B, N)`` with −1 wherever the hit classifier's probability is below ``hit_threshold``
+        (default: the model's own; 0: unchanged)."""
+        h = self.hit_threshold if hit_threshold is None else _check_hit_threshold(hit_threshold)
+        if h <= 0:
+            return labels
+        keep = torch.sigmoid(out.hit_logits.float()) >= h
+        return torch.where(keep, labels, torch.full_like(labels, -1))
 
     def merge(self, labels: torch.Tensor, embedding: torch.Tensor, merge_radius: Optional[float] = None,
               sectors: Optional[int] = None) -> torch.Tensor:
@@ -379,6 +396,12 @@ def slot_helix_fit(hits: torch.Tensor, slot: torch.Tensor, weight: torch.Tensor,
     fit["fitted"] = ((fit["weight"] >= FIT_MIN_HITS) & (det > 0) & torch.isfinite(fit["pt"])
                      & torch.isfinite(fit["cot"]) & torch.isfinite(fit["charge"]) & torch.isfinite(fit["phi"]))
     return fit
+
+
+def _check_hit_threshold(h) -> float:
+    if isinstance(h, bool) or not isinstance(h, (int, float)) or not (0.0 <= h < 1.0):
+        raise ValueError(f"hit_threshold: expected a probability in [0, 1) (0: no gate), got {h!r}")
+    return float(h)
 
 
 def _check_merge(max_hits, radius) -> None:

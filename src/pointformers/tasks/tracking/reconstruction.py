@@ -9,7 +9,7 @@ design plus a track-parameter term:
   ``min_hits`` hits in the sector) and the class, focal and dice losses with the matching's own weights
   (:mod:`.set_criterion`), summed over layers;
 * ``hit``: ``hit_weight`` × the binary cross-entropy of the hit classifier against "hit of a target
-  particle";
+  particle" (of pT above ``hit_pt_min``, by default ``pt_min``);
 * ``embed``: ``embed_weight`` × HEPT's InfoNCE of the hit embedding on the cloud's labelled pairs plus
   fresh random pairs (:class:`~.training.TrackingTask`'s loss, same options);
 * ``params``: ``param_weight`` × the track-parameter loss of the last layer's matched slots: smooth-L1 on
@@ -18,14 +18,14 @@ design plus a track-parameter term:
 
 Evaluation (:meth:`~TrackReconstructionTask.evaluate`): the model's track labels (tracks merged by
 embedding, :func:`~pointformers.models.track_reconstruction.merge_tracks`) scored by the TrackML score and
-the track-matching metrics (:mod:`.metrics`), at the assignment threshold and merging radius chosen on
-validation clouds (as HEPT's DBSCAN radius); :meth:`evaluate_report` adds the track-parameter resolutions
-of the double-majority matched tracks.
+the track-matching metrics (:mod:`.metrics`), at the assignment threshold, merging radius and hit gate
+chosen on validation clouds (as HEPT's DBSCAN radius); :meth:`evaluate_report` adds the track-parameter
+resolutions of the double-majority matched tracks.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -40,7 +40,8 @@ from .trackml_score import trackml_score, trackml_score_split
 from .training import (TrackingCloud, TrackingTask, cloud_particle_eta, cloud_truth_weights, matched_track_truth,
                        track_matching_report)
 
-__all__ = ["TrackReconstructionTask", "PARAM_KEYS", "THRESHOLD_GRID", "MERGE_RADIUS_GRID", "parameter_resolutions"]
+__all__ = ["TrackReconstructionTask", "PARAM_KEYS", "THRESHOLD_GRID", "MERGE_RADIUS_GRID", "HIT_GATE_GRID",
+           "AssignmentChoice", "parameter_resolutions"]
 
 
 
@@ -56,6 +57,19 @@ THRESHOLD_GRID = (0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0
 #: The merging radii (in the hit embedding; 0: fragments only) it tries at the chosen threshold.
 MERGE_RADIUS_GRID = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
 
+#: The hit-classifier gates (the model's ``hit_threshold``) it tries with each radius, when the classifier's
+#: targets are a subset of the slots' (the task's ``hit_pt_min`` above ``pt_min``; otherwise the model's own).
+HIT_GATE_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+class AssignmentChoice(NamedTuple):
+    """What :meth:`TrackReconstructionTask.choose_assignment` chose on validation clouds, and its score."""
+
+    threshold: float
+    merge_radius: float
+    hit_threshold: float
+    score: float
+
 
 def _best_setting(labels: Sequence[np.ndarray], clouds: Sequence[TrackingCloud], prefer_last: bool = True) -> tuple[int, float]:
     """The index of the setting (rows of each cloud's labels ``(T, n)``) of highest mean TrackML score, and
@@ -69,6 +83,10 @@ def _best_setting(labels: Sequence[np.ndarray], clouds: Sequence[TrackingCloud],
     return best
 
 
+#: The model options validation chooses (:meth:`TrackReconstructionTask.validated_options`).
+_VALIDATED = ("threshold", "merge_radius", "hit_threshold")
+
+
 class TrackReconstructionTask:
     """Set loss plus auxiliary losses; track-level evaluation (the engine's task protocol).
 
@@ -80,12 +98,15 @@ class TrackReconstructionTask:
             track-parameter losses (0 turns one off).
         similarity, tau, sigma, random_pairs: the InfoNCE options (:class:`~.training.TrackingTask`).
         match_pt_min, match_eta_max: the particle cuts of the track-matching metrics.
+        hit_pt_min: the hit classifier's pT cut [GeV] (its targets: hits of reconstructable particles above
+            it; None: ``pt_min``). With every particle a slot target (``pt_min`` 0), a cut at the metrics' 0.9
+            GeV lets the model's ``hit_threshold`` keep hits of low-pT particles out of the tracks.
     """
 
     def __init__(self, weights: SetCriterionWeights = SetCriterionWeights(), min_hits: int = 3, pt_min: float = 0.9,
                  hit_weight: float = 1.0, embed_weight: float = 1.0, param_weight: float = 1.0,
                  similarity: str = "l2_rbf", tau: float = 0.05, sigma: float = 0.75, random_pairs: float = 0.2,
-                 match_pt_min: float = 0.9, match_eta_max: float = 4.0):
+                 match_pt_min: float = 0.9, match_eta_max: float = 4.0, hit_pt_min: float | None = None):
         if not isinstance(weights, SetCriterionWeights):
             raise ValueError(f"weights: expected a SetCriterionWeights, got {type(weights).__name__}")
         if isinstance(min_hits, bool) or not isinstance(min_hits, int) or min_hits < 1:
@@ -98,6 +119,11 @@ class TrackReconstructionTask:
         self.embedding_task = TrackingTask(similarity, tau, sigma, random_pairs, pt_min,
                                            match_pt_min=match_pt_min, match_eta_max=match_eta_max)
         self.pt_min = self.embedding_task.pt_min
+        if hit_pt_min is not None and (isinstance(hit_pt_min, bool) or not isinstance(hit_pt_min, (int, float))
+                                       or not (0 <= hit_pt_min < float("inf"))):
+            raise ValueError(f"hit_pt_min: expected a finite number >= 0 [GeV] (or None: pt_min), got {hit_pt_min!r}")
+        #: the hit classifier's targets: hits of reconstructable particles of pT above this [GeV]
+        self.hit_pt_min = self.pt_min if hit_pt_min is None else float(hit_pt_min)
         self.match_pt_min, self.match_eta_max = self.embedding_task.match_pt_min, self.embedding_task.match_eta_max
         #: The last :meth:`evaluate_report`'s track-matching tables, None before one.
         self.track_report: dict | None = None
@@ -105,9 +131,9 @@ class TrackReconstructionTask:
         self.param_pairs: tuple[dict, dict] | None = None
         #: the helix fit's parameters of the same tracks (:func:`.track_fit.fitted_parameters`), None before
         self.fit_values: dict | None = None
-        #: The (threshold, merging radius) fixed by :meth:`use_validated` after training; None:
+        #: The (threshold, merging radius, hit threshold) fixed by :meth:`use_validated` after training; None:
         #: :meth:`evaluate` chooses.
-        self.fixed: tuple[float, float] | None = None
+        self.fixed: tuple[float, float, float] | None = None
 
     # ------------------------------------------------------------------ training
     def losses(self, out: TrackOutput, cloud: TrackingCloud,
@@ -134,7 +160,8 @@ class TrackReconstructionTask:
             set_total = set_total + set_loss(stage.object_logits, stage.assign_logits, sec.mask, targets, self.weights,
                                              matches)["loss"]
             last_matches = matches
-        hit = F.binary_cross_entropy_with_logits(out.hit_logits[0], target.to(out.hit_logits.dtype))
+        hit_target = target if self.hit_pt_min == self.pt_min else cloud.target_hits(self.hit_pt_min).to(dev)
+        hit = F.binary_cross_entropy_with_logits(out.hit_logits[0], hit_target.to(out.hit_logits.dtype))
         zero = out.hit_logits.new_zeros(())
         embed = zero
         if self.embed_weight > 0:
@@ -177,16 +204,18 @@ class TrackReconstructionTask:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def predict(self, model: nn.Module, clouds: Sequence[TrackingCloud],
-                settings: Sequence[tuple[float, float]] | None = None) -> list[tuple[np.ndarray, TrackOutput]]:
+                settings: Sequence[tuple] | None = None) -> list[tuple[np.ndarray, TrackOutput]]:
         """Per cloud: track labels ``(n,)`` int64 (−1: no track; tracks merged) and the model's outputs
-        (CPU), model in eval mode. ``settings``: labels at each of these (threshold, merging radius) pairs
-        instead of the model's own, ``(len(settings), n)`` per cloud (one forward pass per cloud)."""
+        (CPU), model in eval mode. ``settings``: labels at each of these (threshold, merging radius) pairs or
+        (threshold, merging radius, hit threshold) triples instead of the model's own (None in one: the
+        model's), ``(len(settings), n)`` per cloud (one forward pass per cloud)."""
         return [(labels, out) for labels, out, _ in self._predict(model, clouds, settings)]
 
     def _predict(self, model: nn.Module, clouds: Sequence[TrackingCloud],
-                 settings: Sequence[tuple[float, float]] | None = None, keep_raw: bool = False):
+                 settings: Sequence[tuple] | None = None, keep_raw: bool = False):
         """:meth:`predict`'s ``(labels, outputs)`` per cloud and a third item: with ``keep_raw``, the
-        unmerged labels ``(len(settings), n)`` at each setting's threshold (to choose the radius after)."""
+        unmerged, ungated labels ``(len(settings), n)`` at each setting's threshold (to choose the radius and
+        the gate after)."""
         was_training = model.training
         model.eval()
         try:
@@ -197,10 +226,12 @@ class TrackReconstructionTask:
                 out = model(x, coords, outputs=True)
                 raw: dict[float | None, torch.Tensor] = {}
                 per, unmerged = [], []
-                for t, r in (settings if settings is not None else [(None, None)]):
+                for setting in (settings if settings is not None else [(None, None, None)]):
+                    t, r, g = (tuple(setting) + (None,))[:3]
                     if t not in raw:
-                        raw[t] = model.assign(out, c.num_hits, t)
-                    per.append(model.merge(raw[t], out.embedding, r, sectors=out.sectors.k)[0].cpu().numpy())
+                        raw[t] = model.assign(out, c.num_hits, t, hit_threshold=0.0)
+                    per.append(model.merge(model.gate(raw[t], out, g), out.embedding, r,
+                                           sectors=out.sectors.k)[0].cpu().numpy())
                     if keep_raw:
                         unmerged.append(raw[t][0].cpu().numpy())
                 res.append((np.stack(per) if settings is not None else per[0], out,
@@ -211,23 +242,36 @@ class TrackReconstructionTask:
 
     def choose_assignment(self, model: nn.Module, val_clouds: Sequence[TrackingCloud],
                           thresholds: Sequence[float] = THRESHOLD_GRID,
-                          radii: Sequence[float] = MERGE_RADIUS_GRID) -> tuple[float, float, float]:
-        """The assignment threshold and the merging radius of highest mean TrackML score on ``val_clouds``
-        (the end-to-end counterpart of HEPT's DBSCAN radius, chosen the same way): first the threshold of
-        ``thresholds`` with the model's own radius (ties: the larger threshold), then at that threshold the
-        radius of ``radii`` (ties: the smaller radius). Returns ``(threshold, radius, score)``; one forward
-        pass per cloud."""
-        return self._choose(model, list(val_clouds), thresholds, radii)[:3]
+                          radii: Sequence[float] = MERGE_RADIUS_GRID,
+                          hit_thresholds: Sequence[float] | None = None) -> AssignmentChoice:
+        """The assignment threshold, the merging radius and the hit-classifier gate of highest mean TrackML
+        score on ``val_clouds`` (the end-to-end counterpart of HEPT's DBSCAN radius, chosen the same way):
+        first the threshold of ``thresholds`` with the model's own radius and gate (ties: the larger
+        threshold), then at that threshold every (radius, gate) pair of ``radii`` × ``hit_thresholds`` (ties:
+        the smaller gate, then the smaller radius). ``hit_thresholds`` default: :data:`HIT_GATE_GRID` when the
+        hit classifier learns a subset of the slots' targets (``hit_pt_min`` > ``pt_min``), else the model's
+        own gate alone. One forward pass per cloud."""
+        return self._choose(model, list(val_clouds), thresholds, radii, hit_thresholds)[0]
 
-    def _choose(self, model: nn.Module, clouds: list, thresholds: Sequence[float], radii: Sequence[float]):
-        """:meth:`choose_assignment`'s ``(threshold, radius, score)`` and each cloud's labels ``(n,)`` there."""
-        pred = self._predict(model, clouds, [(t, None) for t in thresholds], keep_raw=True)
+    def _gates(self, model: nn.Module, hit_thresholds: Sequence[float] | None) -> tuple[float, ...]:
+        if hit_thresholds is not None:
+            return tuple(float(g) for g in hit_thresholds)
+        return HIT_GATE_GRID if self.hit_pt_min > self.pt_min else (float(getattr(model, "hit_threshold", 0.0)),)
+
+    def _choose(self, model: nn.Module, clouds: list, thresholds: Sequence[float], radii: Sequence[float],
+                hit_thresholds: Sequence[float] | None = None) -> tuple[AssignmentChoice, list]:
+        """:meth:`choose_assignment`'s choice and each cloud's labels ``(n,)`` there."""
+        pred = self._predict(model, clouds, [(t, None, None) for t in thresholds], keep_raw=True)
         i, _ = _best_setting([lab for lab, _, _ in pred], clouds)
-        merged = [np.stack([model.merge(torch.as_tensor(raw[i])[None], out.embedding, r,
-                                        sectors=out.sectors.k)[0].cpu().numpy() for r in radii])
-                  for _, out, raw in pred]
+        pairs = [(r, g) for g in self._gates(model, hit_thresholds) for r in radii]
+        merged = []
+        for _, out, raw in pred:
+            labels = torch.as_tensor(raw[i], device=out.embedding.device)[None]
+            merged.append(np.stack([model.merge(model.gate(labels, out, g), out.embedding, r,
+                                                sectors=out.sectors.k)[0].cpu().numpy() for r, g in pairs]))
         j, score = _best_setting(merged, clouds, prefer_last=False)
-        return float(thresholds[i]), float(radii[j]), score, [lab[j] for lab in merged]
+        choice = AssignmentChoice(float(thresholds[i]), float(pairs[j][0]), float(pairs[j][1]), score)
+        return choice, [lab[j] for lab in merged]
 
     def _scores(self, labels: Sequence[np.ndarray], clouds: Sequence[TrackingCloud]) -> tuple[dict[str, float], dict]:
         out = {"trackml_score": trackml_score_split([trackml_score(lab, c.inputs.particle_id, cloud_truth_weights(c))
@@ -242,36 +286,35 @@ class TrackReconstructionTask:
         """``trackml_score`` (the validation metric), the overall track-matching rates
         (:data:`~.metrics.OVERALL_KEYS`) and ``num_tracks``, counts pooled over the clouds, at the assignment
         threshold and merging radius that score best on these clouds (:meth:`choose_assignment`;
-        ``threshold``, ``merge_radius``), or at those :meth:`use_validated` fixed: both belong to the model
-        selection, as HEPT's DBSCAN radius. (At the model's own threshold a model whose object scores are
-        still low would score 0 for many epochs, and ``best.pt`` would stay at the first.)"""
+        ``threshold``, ``merge_radius``, ``hit_threshold``), or at those :meth:`use_validated` fixed: they
+        belong to the model selection, as HEPT's DBSCAN radius. (At the model's own threshold a model whose
+        object scores are still low would score 0 for many epochs, and ``best.pt`` would stay at the first.)"""
         clouds = list(clouds)
         if self.fixed is not None:
-            t, r = self.fixed
-            labels = [lab[0] for lab, _ in self.predict(model, clouds, [(t, r)])]
+            t, r, g = self.fixed
+            labels = [lab[0] for lab, _ in self.predict(model, clouds, [(t, r, g)])]
         else:
-            t, r, _, labels = self._choose(model, clouds, THRESHOLD_GRID, MERGE_RADIUS_GRID)
+            (t, r, g, _), labels = self._choose(model, clouds, THRESHOLD_GRID, MERGE_RADIUS_GRID)
         out = self._scores(labels, clouds)[0]
-        out["threshold"], out["merge_radius"] = float(t), float(r)
+        out["threshold"], out["merge_radius"], out["hit_threshold"] = float(t), float(r), float(g)
         return out
 
     def validated_options(self, metrics: Mapping[str, float]) -> dict[str, float]:
         """The model options validation chose (the engine's hook, see
-        :func:`~pointformers.engine.trainer.validated_options`): ``{"threshold": …, "merge_radius": …}`` from
-        a validation pass's metrics; ``best.pt`` stores them in its model config, so the model rebuilt from it
-        (evaluate, predict, export) assigns and merges as validation chose."""
-        return {k: float(metrics[k]) for k in ("threshold", "merge_radius") if k in metrics}
+        :func:`~pointformers.engine.trainer.validated_options`): ``{"threshold": …, "merge_radius": …,
+        "hit_threshold": …}`` from a validation pass's metrics; ``best.pt`` stores them in its model config, so
+        the model rebuilt from it (evaluate, predict, export) assigns, gates and merges as validation chose."""
+        return {k: float(metrics[k]) for k in _VALIDATED if k in metrics}
 
     def use_validated(self, model: nn.Module, options: Mapping[str, float]) -> None:
-        """After training, before the test pass: the model's threshold and merging radius become the
-        validated ones and :meth:`evaluate` uses them instead of choosing on the clouds it scores (the test
-        set)."""
-        if "threshold" in options:
-            model.threshold = float(options["threshold"])
-        if "merge_radius" in options:
-            model.merge_radius = float(options["merge_radius"])
-        if options.keys() & {"threshold", "merge_radius"}:
-            self.fixed = (model.threshold, model.merge_radius)
+        """After training, before the test pass: the model's threshold, merging radius and hit threshold
+        become the validated ones and :meth:`evaluate` uses them instead of choosing on the clouds it scores
+        (the test set)."""
+        for k in _VALIDATED:
+            if k in options:
+                setattr(model, k, float(options[k]))
+        if options.keys() & set(_VALIDATED):
+            self.fixed = (model.threshold, model.merge_radius, float(getattr(model, "hit_threshold", 0.0)))
 
     def evaluate_report(self, model: nn.Module, val_clouds: Sequence[TrackingCloud],
                         test_clouds: Sequence[TrackingCloud]) -> dict[str, float]:
@@ -279,21 +322,21 @@ class TrackReconstructionTask:
         track-parameter resolutions (:func:`parameter_resolutions`, :data:`PARAM_KEYS`, and :data:`~.track_fit.FIT_KEYS` of
         the helix fit of the same tracks' hits, :func:`.track_fit.fit_tracks`) of the
         double-majority matched tracks of selected particles. The assignment threshold and the merging radius
-        are chosen on ``val_clouds`` (:meth:`choose_assignment`, as HEPT's DBSCAN radius is; ``threshold``,
-        ``merge_radius`` and ``val_trackml_score`` in the result); without validation clouds the model's own
-        are used. The full matching result is kept in :attr:`track_report`."""
+        and the hit gate are chosen on ``val_clouds`` (:meth:`choose_assignment`, as HEPT's DBSCAN radius is;
+        ``threshold``, ``merge_radius``, ``hit_threshold`` and ``val_trackml_score`` in the result); without
+        validation clouds the model's own are used. The full matching result is kept in :attr:`track_report`."""
         test_clouds, val_clouds = list(test_clouds), list(val_clouds)
         if not test_clouds:
             raise ValueError("test_clouds: need at least one test cloud to report on")
         chosen: dict[str, float] = {}
         if val_clouds:
-            t, r, score = self.choose_assignment(model, val_clouds)
-            chosen = {"threshold": t, "merge_radius": r, "val_trackml_score": score}
+            t, r, g, score = self.choose_assignment(model, val_clouds)
+            chosen = {"threshold": t, "merge_radius": r, "hit_threshold": g, "val_trackml_score": score}
         own = model.threshold
         if chosen:   # the slots' helix fits (param_fit) take the hits each slot claims at the chosen threshold too
             model.threshold = chosen["threshold"]
         try:
-            pred = self.predict(model, test_clouds, [(chosen["threshold"], chosen["merge_radius"])] if chosen else None)
+            pred = self.predict(model, test_clouds, [(t, r, g)] if chosen else None)
         finally:
             model.threshold = own
         pred = [(lab[0] if chosen else lab, o) for lab, o in pred]

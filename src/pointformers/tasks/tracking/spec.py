@@ -28,7 +28,8 @@ and the tracking task's keys, plus::
     task: {name: track-reconstruction, w_class: 0.1, w_focal: 200.0, w_dice: 2.0,   # cost = loss weights
            focal_alpha: 0.25, focal_gamma: 2.0, no_object: 1.0,  # unmatched slots' weight in the class term
            min_hits: 3,                                           # a sector's targets: >= 3 of their hits
-           hit_weight: 1.0, embed_weight: 1.0, param_weight: 1.0} # auxiliary losses (0 turns one off)
+           hit_weight: 1.0, embed_weight: 1.0, param_weight: 1.0, # auxiliary losses (0 turns one off)
+           hit_pt_min: null}   # the hit classifier's targets: pT above this [GeV] (null: pt_min)
 
 Its validation metric is ``trackml_score`` (maximised). Merging tracks by embedding is the model's
 (``model.options.merge_max_hits``, ``merge_radius``); an older config's ``task.merge_max_hits`` is read as
@@ -215,9 +216,10 @@ TRACKING_SPEC = register_task(TaskSpec(
 #: the tracking task's (InfoNCE options, pair building, matching cuts).
 _RECO_OWN_SCHEMA = {"w_class": (float,), "w_focal": (float,), "w_dice": (float,), "focal_alpha": (float,),
                     "focal_gamma": (float,), "no_object": (float,), "min_hits": (int,), "hit_weight": (float,),
-                    "embed_weight": (float,), "param_weight": (float,)}
+                    "embed_weight": (float,), "param_weight": (float,), "hit_pt_min": (float, None)}
 _RECO_OWN_DEFAULTS = {"w_class": 0.1, "w_focal": 200.0, "w_dice": 2.0, "focal_alpha": 0.25, "focal_gamma": 2.0,
-                      "no_object": 1.0, "min_hits": 3, "hit_weight": 1.0, "embed_weight": 1.0, "param_weight": 1.0}
+                      "no_object": 1.0, "min_hits": 3, "hit_weight": 1.0, "embed_weight": 1.0, "param_weight": 1.0,
+                      "hit_pt_min": None}
 
 
 #: SetCriterionWeights field -> its config key
@@ -240,7 +242,7 @@ def _build_reconstruction(cfg: Mapping[str, Any]):
         raise ValueError(msg) from None
     return TrackReconstructionTask(weights, t["min_hits"], t["pt_min"], t["hit_weight"], t["embed_weight"],
                                    t["param_weight"], t["similarity"], t["tau"], t["sigma"], t["random_pairs"],
-                                   t["match_pt_min"], t["match_eta_max"])
+                                   t["match_pt_min"], t["match_eta_max"], t["hit_pt_min"])
 
 
 def _validate_reconstruction(cfg: Mapping[str, Any]) -> None:
