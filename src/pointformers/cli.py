@@ -420,8 +420,9 @@ def _model_and_radius(args: argparse.Namespace):
     for opt, val in (("--eps", args.eps), ("--eps-data", args.eps_data)):
         if val is not None:
             raise ValueError(f"{opt}: DBSCAN's radius; {tm.label} is an end-to-end model that assigns hits to "
-                             f"tracks itself (threshold and merging radius from its validation, or --set "
-                             f"model.options.threshold=... model.options.merge_radius=...)")
+                             f"tracks itself (threshold, merging radius and hit gate from its validation, or --set "
+                             f"model.options.threshold=... model.options.merge_radius=... "
+                             f"model.options.hit_threshold=...)")
     if args.sector_hits is not None:
         if args.sector_hits < 1:
             raise ValueError(f"--sector-hits: expected an integer >= 1 (hits per phi-sector), got {args.sector_hits}")
@@ -434,7 +435,8 @@ def _model_and_radius(args: argparse.Namespace):
         source = "the median hits of the run's validation clouds per sector"
     print(f"{tm.label} on the TrackML events in {args.data} (one event at a time, pixel hits) on {tm.device}")
     print(f"end-to-end tracks: assignment threshold {tm.model.threshold:.4g}, merging radius "
-          f"{tm.model.merge_radius:.4g} (the checkpoint's); phi-sectors of at most {tm.model.sector_hits} hits "
+          f"{tm.model.merge_radius:.4g}, hit gate {getattr(tm.model, 'hit_threshold', 0.0):.4g} (the checkpoint's); "
+          f"phi-sectors of at most {tm.model.sector_hits} hits "
           f"({source})")
     return tm, None, source
 
@@ -457,7 +459,7 @@ def cmd_evaluate_data(args: argparse.Namespace) -> int:
                               match_eta_max=args.match_eta_max)
     if args.json:
         tracks = ({"threshold": tm.model.threshold, "merge_radius": tm.model.merge_radius,
-                   "sector_hits": tm.model.sector_hits, "sector_hits_source": source} if tm.end_to_end else
+                   "hit_threshold": getattr(tm.model, "hit_threshold", 0.0), "sector_hits": tm.model.sector_hits, "sector_hits_source": source} if tm.end_to_end else
                   {"dbscan_eps": eps, "dbscan_min_samples": DBSCAN_MIN_SAMPLES, "eps_source": source})
         _write_json_file(args.json, {"checkpoint": str(args.checkpoint), "model": tm.label, "data": str(args.data),
                                      "detectors": args.detectors, **tracks, "pt_min": tm.pt_min, "K": tm.K, **res})
@@ -754,7 +756,7 @@ atomically (temporary file, then rename), and refusing to overwrite without --fo
 
 An end-to-end track-reconstruction checkpoint (a run's best.pt) writes its own tracks: track ids
 1..C its tracks, C+1.. one per hit it left without a track; the npz holds its InfoNCE embedding
-and threshold, merge_radius, sector_hits instead of dbscan_eps.
+and threshold, merge_radius, hit_threshold, sector_hits instead of dbscan_eps.
 """
 
 

@@ -54,7 +54,7 @@ Output of ``predict`` (per event ``<name>``, files written atomically):
 * ``<name>-embeddings.npz``: ``hit_id`` int64 ``(N,)``, ``embedding`` float32 ``(N, d)``
   (d = 12 for the HEPT tracking models; an end-to-end model's InfoNCE embedding), ``track_id`` int64
   ``(N,)`` (as in the CSV) and ``dbscan_eps`` float64 ``()`` (an end-to-end model: ``threshold``,
-  ``merge_radius`` float64 ``()`` and ``sector_hits`` int64 ``()`` instead); rows in the same order as
+  ``merge_radius``, ``hit_threshold`` float64 ``()`` and ``sector_hits`` int64 ``()`` instead); rows in the same order as
   the CSV. For an end-to-end model ids ``1..C`` are its tracks (every labelled group, whatever its
   size) and ``C+1..`` one per hit it left without a track.
 """
@@ -498,6 +498,7 @@ def predict_folder(tm: TrackingModel, folder: str | os.PathLike, out: str | os.P
     paths."""
     if tm.end_to_end:
         settings = {"threshold": np.float64(tm.model.threshold), "merge_radius": np.float64(tm.model.merge_radius),
+                    "hit_threshold": np.float64(getattr(tm.model, "hit_threshold", 0.0)),
                     "sector_hits": np.int64(tm.model.sector_hits)}
     else:
         settings = {"dbscan_eps": np.float64(eps)}
