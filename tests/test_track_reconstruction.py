@@ -70,6 +70,28 @@ def test_batched_events_equal_events_run_alone(overlap, encoder):
     assert labels.max() < model.num_sectors * model.num_slots
 
 
+@pytest.mark.parametrize("options", [dict(attention="full"),
+                                     dict(attention="full", overlap=0.2, stitch_min_hits=2, merge_radius=2.0),
+                                     dict(attention="full", assign_space="embedding", attention_mask=True,
+                                          seed_slots=True, seed_centres=True, assign_refine=True, hit_threshold=0.5)],
+                         ids=["plain", "overlap-stitched-merged", "refined-gated"])
+def test_inference_in_chunks_of_sectors_equals_all_sectors_at_once(options, monkeypatch):
+    """Eager inference decodes and assigns a few sectors at a time (INFERENCE_SECTOR_CHUNK): the labels of a
+    batch of events cut into many sectors are those of all sectors at once (and of the training outputs)."""
+    import pointformers.models.track_reconstruction as tr
+
+    model = _model(sectors=5, threshold=0.0, **options)
+    x, coords, mask = _pad(_clouds(sizes=(150, 97)))
+    with torch.no_grad():
+        out = model(x, coords, mask, outputs=True)
+        want = model.labels_from(out, x.shape[1])
+        for chunk in (1, 3, 10, 64):
+            monkeypatch.setattr(tr, "INFERENCE_SECTOR_CHUNK", chunk)
+            assert torch.equal(model(x, coords, mask), want), chunk
+            labels, emb = model.labels_and_embedding(x, coords, mask)
+            assert torch.equal(labels, want) and torch.equal(emb, out.embedding), chunk
+
+
 def test_assign_space_is_named_when_wrong():
     with pytest.raises(ValueError, match="^assign_space: expected 'features'"):
         TrackReconstructor(assign_space="kernel")

@@ -48,6 +48,10 @@ TRACK_PARAMS = ("log_pt", "charge_logit", "eta", "cos_phi", "sin_phi")
 #: helix fit reads (``param_fit``): r [m], φ / π, z [m], u, v [1 / m].
 FIT_COLUMNS = (0, 1, 2, 4, 5)
 
+#: Sectors decoded and assigned at a time at eager inference (:meth:`TrackReconstructor.track_labels`): the
+#: ``(sectors, slots, hits)`` buffers of a full event's ~200 sectors of 2.6k hits and 600 slots would be GBs.
+INFERENCE_SECTOR_CHUNK = 16
+
 #: The fewest hits a slot's helix fit needs (three fix a circle and a line).
 FIT_MIN_HITS = 3
 
@@ -238,12 +242,14 @@ class TrackReconstructor(nn.Module):
                 raise ValueError("outputs: the training outputs need padded input (B, N, ·) with a mask; flat input "
                                  "(batch= or ptr=) gives the track labels only")
             return self.track_labels(x, coords, mask, batch=batch, ptr=ptr)
-        out = self._outputs(x, coords, mask, last_only=not outputs)
-        return out if outputs else self.labels_from(out, x.shape[1], consume=True)
+        if outputs:
+            return self._outputs(x, coords, mask)
+        labels, embedding, k = self._assigned(x, coords, mask)
+        return self.merge(labels, embedding, sectors=k)
 
-    def _outputs(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor],
-                 last_only: bool = False) -> TrackOutput:
-        """The forward's outputs; ``last_only``: only the last decoder stage (inference's labels)."""
+    def _encoded(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor]):
+        """The encoder's side of the forward: ``(h (B, N, dim), embedding (B, N, embed_dim), sectors, the
+        decoder's inputs per sector: hit features (S, L, dim), positions (S, L, ·) or None, keys or None)``."""
         if mask is None:
             mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         h = self.encoder(x, coords, mask)                                    # (B, N, dim), checked inputs
@@ -255,7 +261,34 @@ class TrackReconstructor(nn.Module):
                 pos = torch.cat([pos, gather_sectors(coords[..., self.frame_columns], sectors)], -1)
         embedding = self.embed_head(h)
         keys = gather_sectors(embedding, sectors) if self.assign_space == "embedding" else None
-        stages = self.decoder(gather_sectors(h, sectors), sectors.mask, pos, last_only=last_only, keys=keys)
+        return h, embedding, sectors, gather_sectors(h, sectors), pos, keys
+
+    def _assigned(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor]):
+        """Inference before merging: the gated track labels ``(B, N)`` (:meth:`assign` at the model's own
+        threshold and gate), the hit embedding and the sectors per event. Eager, an event of more than
+        :data:`INFERENCE_SECTOR_CHUNK` sectors is decoded and assigned that many sectors at a time (sectors are
+        independent), so its ``(sectors, slots, hits)`` buffers stay the size of a few sectors' whatever the
+        event's size; a traced graph decodes all sectors at once."""
+        h, embedding, sectors, hits, pos, keys = self._encoded(x, coords, mask)
+        total = hits.shape[0]
+        step = total if is_tracing() else INFERENCE_SECTOR_CHUNK
+        parts = []
+        for lo in range(0, total, step):
+            part = slice(lo, lo + step)
+            stage = self.decoder(hits[part], sectors.mask[part], None if pos is None else pos[part], last_only=True,
+                                 keys=None if keys is None else keys[part])[-1]
+            parts.append(assign_hits(stage, sectors.mask[part], self.threshold, consume=True))
+        labels, scores = parts[0] if len(parts) == 1 else (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+        labels = labels_to_hits(labels, scores, sectors, x.shape[1], self.num_slots, self.stitch_min_hits)
+        if self.hit_threshold > 0:
+            labels = self.gate(labels, self.hit_head(h).squeeze(-1))
+        return labels, embedding, sectors.k
+
+    def _outputs(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor],
+                 last_only: bool = False) -> TrackOutput:
+        """The forward's outputs; ``last_only``: only the last decoder stage (no track parameters)."""
+        h, embedding, sectors, hits, pos, keys = self._encoded(x, coords, mask)
+        stages = self.decoder(hits, sectors.mask, pos, last_only=last_only, keys=keys)
         last = stages[-1]
         if last_only:   # the labels need no track parameters
             params = last.slots.new_zeros(*last.slots.shape[:2], 0)
@@ -306,15 +339,15 @@ class TrackReconstructor(nn.Module):
         labels, scores = assign_hits(out.stages[-1], out.sectors.mask, self.threshold if threshold is None else threshold,
                                      consume=consume)
         labels = labels_to_hits(labels, scores, out.sectors, num_hits, self.num_slots, self.stitch_min_hits)
-        return self.gate(labels, out, hit_threshold)
+        return self.gate(labels, out.hit_logits, hit_threshold)
 
-    def gate(self, labels: torch.Tensor, out: TrackOutput, hit_threshold: Optional[float] = None) -> torch.Tensor:
-        """``labels`` ``(B, N)`` with −1 wherever the hit classifier's probability is below ``hit_threshold``
-        (default: the model's own; 0: unchanged)."""
+    def gate(self, labels: torch.Tensor, hit_logits: torch.Tensor, hit_threshold: Optional[float] = None) -> torch.Tensor:
+        """``labels`` ``(B, N)`` with −1 wherever the hit classifier's probability (σ of ``hit_logits``
+        ``(B, N)``) is below ``hit_threshold`` (default: the model's own; 0: unchanged)."""
         h = self.hit_threshold if hit_threshold is None else _check_hit_threshold(hit_threshold)
         if h <= 0:
             return labels
-        keep = torch.sigmoid(out.hit_logits.float()) >= h
+        keep = torch.sigmoid(hit_logits.float()) >= h
         return torch.where(keep, labels, torch.full_like(labels, -1))
 
     def merge(self, labels: torch.Tensor, embedding: torch.Tensor, merge_radius: Optional[float] = None,
@@ -340,14 +373,15 @@ class TrackReconstructor(nn.Module):
     def track_labels(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Inference: ``(B, N)`` int64 track label of every hit, unique within an event, −1 for none (the
         forward's default output); flat input with ``batch=``/``ptr=`` as the forward."""
-        return self.labels_from(self._outputs(x, coords, mask, last_only=True), x.shape[1], consume=True)
+        labels, embedding, k = self._assigned(x, coords, mask)
+        return self.merge(labels, embedding, sectors=k)
 
     def labels_and_embedding(self, x: torch.Tensor, coords: torch.Tensor,
                              mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Inference in one pass: the track labels ``(B, N)`` of :meth:`track_labels` and the InfoNCE hit
         embedding ``(B, N, embed_dim)`` the merging read (what ``pointformers predict`` writes per hit)."""
-        out = self._outputs(x, coords, mask, last_only=True)
-        return self.labels_from(out, x.shape[1], consume=True), out.embedding
+        labels, embedding, k = self._assigned(x, coords, mask)
+        return self.merge(labels, embedding, sectors=k), embedding
 
 
 def track_parameters(params: torch.Tensor) -> dict[str, torch.Tensor]:

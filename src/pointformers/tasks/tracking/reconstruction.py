@@ -230,7 +230,7 @@ class TrackReconstructionTask:
                     t, r, g = (tuple(setting) + (None,))[:3]
                     if t not in raw:
                         raw[t] = model.assign(out, c.num_hits, t, hit_threshold=0.0)
-                    per.append(model.merge(model.gate(raw[t], out, g), out.embedding, r,
+                    per.append(model.merge(model.gate(raw[t], out.hit_logits, g), out.embedding, r,
                                            sectors=out.sectors.k)[0].cpu().numpy())
                     if keep_raw:
                         unmerged.append(raw[t][0].cpu().numpy())
@@ -267,7 +267,7 @@ class TrackReconstructionTask:
         merged = []
         for _, out, raw in pred:
             labels = torch.as_tensor(raw[i], device=out.embedding.device)[None]
-            merged.append(np.stack([model.merge(model.gate(labels, out, g), out.embedding, r,
+            merged.append(np.stack([model.merge(model.gate(labels, out.hit_logits, g), out.embedding, r,
                                                 sectors=out.sectors.k)[0].cpu().numpy() for r, g in pairs]))
         j, score = _best_setting(merged, clouds, prefer_last=False)
         choice = AssignmentChoice(float(thresholds[i]), float(pairs[j][0]), float(pairs[j][1]), score)
