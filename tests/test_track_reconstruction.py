@@ -197,15 +197,19 @@ def test_merge_tracks_joins_fragments_to_the_nearest_track_per_event():
         merge_tracks(labels, emb, 8)
 
 
-def _merge_reference(labels: np.ndarray, emb: np.ndarray, max_hits: int, radius: float) -> np.ndarray:
-    """merge_tracks written out with loops, one event."""
+def _merge_reference(labels: np.ndarray, emb: np.ndarray, max_hits: int, radius: float, ring: int = 0,
+                     per: int = 1) -> np.ndarray:
+    """merge_tracks written out with loops, one event; ``ring`` sectors of ``per`` labels each: joins within
+    neighbouring sectors only."""
+    def close(a, b):
+        return not ring or (a // per - b // per) % ring in (0, 1, ring - 1)
     ids = sorted(set(labels[labels >= 0].tolist()))
     size = {t: int((labels == t).sum()) for t in ids}
     centre = {t: emb[labels == t].mean(0) for t in ids}
     dist = {(a, b): float(np.linalg.norm(centre[a] - centre[b])) for a in ids for b in ids}
     parent = {}
     for a in ids:
-        whole = [b for b in ids if size[b] > max_hits]
+        whole = [b for b in ids if size[b] > max_hits and close(a, b)]
         if size[a] <= max_hits:
             parent[a] = min(whole, key=lambda b: dist[a, b]) if whole else a
         else:
@@ -245,6 +249,13 @@ def test_merge_tracks_with_a_radius_equals_the_loops(seed, path, monkeypatch):
     assert merge_tracks(lab, e, radius=0.35).tolist() == [1] * 12
     assert merge_tracks(lab, e, radius=0.25).tolist() == lab.tolist()
     assert merge_tracks(torch.tensor([4, 4, 4, 6, 6, 6]), torch.zeros(6, 2), radius=0.1).tolist() == [6] * 6
+    # sectors > 3: joins only within neighbouring sectors (cyclic); labels = sector * per + slot
+    for ring, per in ((5, 3), (7, 2), (3, 5)):
+        for max_hits, radius in ((2, 0.0), (2, 0.8), (4, 1.0)):
+            got = merge_tracks(torch.as_tensor(labels)[None], torch.as_tensor(emb)[None], ring * per, max_hits, radius,
+                               sectors=ring)[0]
+            want = _merge_reference(labels, emb, max_hits, radius, ring if ring > 3 else 0, per)
+            assert got.tolist() == want.tolist(), (ring, max_hits, radius)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -267,6 +278,17 @@ def test_eager_merging_equals_the_exported_table_on_many_tracks(seed, monkeypatc
         monkeypatch.setattr(tr, "is_tracing", lambda: False)
         assert torch.equal(eager, traced), (max_hits, radius, int((eager != traced).sum()))
         assert (eager != labels).any() or max_hits == 0
+        # an event of many sectors (joins within neighbouring sectors; the loops above check which): eager = traced
+        ringed = merge_tracks(labels, emb, t, max_hits, radius, sectors=12)
+        monkeypatch.setattr(tr, "is_tracing", lambda: True)
+        traced = merge_tracks(labels, emb, t, max_hits, radius, sectors=12)
+        monkeypatch.setattr(tr, "is_tracing", lambda: False)
+        assert torch.equal(ringed, traced), (max_hits, radius, int((ringed != traced).sum()))
+        assert max_hits == 0 or bool(((ringed != labels) & (labels >= 0)).any())
+    with pytest.raises(ValueError, match="sectors=7 num_tracks must be a multiple"):
+        merge_tracks(labels, emb, t, sectors=7)
+    with pytest.raises(ValueError, match="sectors must be an integer"):
+        merge_tracks(labels, emb, t, sectors=-1)
 
 
 # ---------------------------------------------------------------------------- the engine's task, export

@@ -359,7 +359,7 @@ class TrackReconstructor(nn.Module):
         if self.merge_max_hits == 0 and radius == 0:
             return labels
         k = self.num_sectors if sectors is None else sectors
-        return merge_tracks(labels, embedding, k * self.num_slots, self.merge_max_hits, radius)
+        return merge_tracks(labels, embedding, k * self.num_slots, self.merge_max_hits, radius, sectors=k)
 
     def labels_from(self, out: TrackOutput, num_hits: int, threshold: Optional[float] = None,
                     merge_radius: Optional[float] = None, consume: bool = False) -> torch.Tensor:
@@ -446,7 +446,7 @@ def _check_merge(max_hits, radius) -> None:
 
 
 def merge_tracks(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: Optional[int] = None,
-                 max_hits: int = 2, radius: float = 0.0) -> torch.Tensor:
+                 max_hits: int = 2, radius: float = 0.0, sectors: int = 0) -> torch.Tensor:
     """Tracks joined by their mean hit embedding, per event.
 
     * A **fragment** (a track of at most ``max_hits`` hits; 0: none) joins the track of more than
@@ -454,6 +454,11 @@ def merge_tracks(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: Opti
       post-processing); it stays as it is in an event without such a track.
     * With ``radius`` > 0, every other track joins the nearest *larger* track (more hits; equal size: the
       higher label) whose mean embedding lies within ``radius`` of its own.
+    * With ``sectors`` > 3 (an event cut into more φ-sectors than the published three, e.g. a full event with the
+      model's ``sector_hits``), a track joins only tracks of its own sector or of a neighbouring one (cyclic): the
+      pieces of one particle lie there, and tracks farther apart in φ that an embedding learned on clouds of a
+      few sectors puts close together are different particles. It also keeps the merging linear in the event's
+      size (the tracks near a track in the embedding grow with the event otherwise).
 
     Joins chain (a track joins where its target goes); labels are those of the receiving tracks. Traced
     (export), fixed shapes throughout (``(B, num_tracks)`` sizes and centres, a ``(B, num_tracks, num_tracks)``
@@ -468,11 +473,20 @@ def merge_tracks(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: Opti
         num_tracks: the number of possible labels (default: the largest label + 1, read from the data).
         max_hits: the largest fragment, ``>= 0``.
         radius: the joining radius of the other tracks, ``>= 0``.
+        sectors: ``> 3``: the labels are ``sector · (num_tracks / sectors) + slot`` of φ-sectors in order around
+            the event (:func:`~pointformers.nn.track_decoder.labels_to_hits`), and joins stay within neighbouring
+            sectors; ``num_tracks`` must then be given, a multiple of ``sectors``. 0 to 3: no restriction.
 
     Returns:
         The new labels, the shape of ``labels``.
     """
     _check_merge(max_hits, radius)
+    if isinstance(sectors, bool) or not isinstance(sectors, int) or sectors < 0:
+        raise ValueError(f"merge_tracks: sectors must be an integer >= 0, got {sectors!r}")
+    if sectors > 3 and (num_tracks is None or num_tracks % sectors):
+        raise ValueError(f"merge_tracks: with sectors={sectors} num_tracks must be a multiple of it (the labels of "
+                         f"sector s are s * num_tracks / sectors + slot), got {num_tracks!r}")
+    ring = sectors if sectors > 3 else 0
     one = labels.dim() == 1
     if one:
         labels, embedding = labels[None], embedding[None]
@@ -486,7 +500,7 @@ def merge_tracks(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: Opti
     if not is_tracing() and labels.numel() and int(labels.max()) >= num_tracks:
         raise ValueError(f"merge_tracks: labels must lie in [-1, num_tracks={num_tracks}), got {int(labels.max())}")
     if not is_tracing():
-        return torch.stack([_merge_event(lab, emb, num_tracks, max_hits, radius)
+        return torch.stack([_merge_event(lab, emb, num_tracks, max_hits, radius, ring)
                             for lab, emb in zip(labels, embedding)])[0 if one else slice(None)]
     b, t = labels.shape[0], num_tracks
     real = labels >= 0
@@ -501,14 +515,19 @@ def merge_tracks(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: Opti
     frag = (size > 0) & (size <= max_hits)
     whole = size > max_hits
     inf = float("inf")
+    target = whole[:, None, :]                                                 # (B, 1 or T, T): who may join whom
+    if ring:
+        sec = torch.arange(t, device=labels.device) // (t // ring)
+        gap = (sec[:, None] - sec[None, :]).remainder(ring)
+        target = target & ((gap <= 1) | (gap == ring - 1))[None]
     # a fragment: the nearest whole track, if there is one
-    best, near = dist2.masked_fill(~whole[:, None, :], inf).min(2)
+    best, near = dist2.masked_fill(~target, inf).min(2)
     parent = torch.where(frag & torch.isfinite(best), near, own)
     if radius > 0:
         # a whole track: the nearest larger whole track within the radius (equal size: the higher label)
         rank = size.long() * t + own                                           # size, then label: all distinct
         larger = rank[:, None, :] > rank[:, :, None]
-        best, near = dist2.masked_fill(~(whole[:, None, :] & larger & (dist2 < radius * radius)), inf).min(2)
+        best, near = dist2.masked_fill(~(target & larger & (dist2 < radius * radius)), inf).min(2)
         parent = torch.where(whole & torch.isfinite(best), near, parent)
     # follow the joins to their end: each step goes to a larger track, so there are no cycles
     for _ in range(max(1, (t - 1).bit_length())):
@@ -615,12 +634,34 @@ def _grid_joins(centre, rank, whole, rows, cols, radius):
     return best, near
 
 
+def _ring_joins(centre, rank, whole, rows, cols, radius, sector, ring):
+    """:func:`_dense_joins` of each sector's rows against the columns of that sector and its two neighbours
+    (``sector`` ``(A,)`` each track's sector in ``[0, ring)``): linear in the sectors. Columns are taken in label
+    order within each sector, so ties go to the lowest column as in :func:`_dense_joins`."""
+    best = torch.full((rows.numel(),), float("inf"), device=centre.device)
+    near = torch.zeros(rows.numel(), dtype=torch.long, device=centre.device)
+    row_sec, col_sec = sector.index_select(0, rows), sector.index_select(0, cols)
+    row_order = torch.argsort(row_sec, stable=True)
+    bounds = torch.searchsorted(row_sec[row_order], torch.arange(ring + 1, device=centre.device)).tolist()
+    col_bounds = torch.searchsorted(col_sec, torch.arange(ring + 1, device=centre.device)).tolist()   # cols ascend
+    for s in range(ring):
+        if bounds[s] == bounds[s + 1]:
+            continue
+        picked = row_order[bounds[s]:bounds[s + 1]]
+        near_secs = sorted({(s - 1) % ring, s, (s + 1) % ring})
+        c = torch.cat([cols[col_bounds[q]:col_bounds[q + 1]] for q in near_secs])
+        if c.numel():
+            best[picked], near[picked] = _dense_joins(centre, rank, whole, rows.index_select(0, picked), c, radius)
+    return best, near
+
+
 @torch.no_grad()   # labels only
 def _merge_event(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: int, max_hits: int,
-                 radius: float) -> torch.Tensor:
+                 radius: float, ring: int = 0) -> torch.Tensor:
     """:func:`merge_tracks` of one event ``labels (N,)``, ``embedding (N, D)`` over the tracks that have hits: each
     track that may join another (a fragment; with ``radius`` a whole track too) against the whole tracks near it
-    (:func:`_grid_joins`)."""
+    (:func:`_grid_joins`), or with ``ring`` sectors against the whole tracks of its own and the neighbouring
+    sectors (:func:`_ring_joins`)."""
     real = labels >= 0
     if not bool(real.any()):
         return labels.clone()
@@ -635,7 +676,10 @@ def _merge_event(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: int,
     cols = torch.nonzero(whole).flatten()                                      # (W,): a join always goes to one
     rows = torch.nonzero((size <= max_hits) | (radius > 0 and whole)).flatten() if cols.numel() else cols
     if rows.numel():
-        best, near = _grid_joins(centre, rank, whole, rows, cols, radius)
+        if ring:
+            best, near = _ring_joins(centre, rank, whole, rows, cols, radius, ids // (num_tracks // ring), ring)
+        else:
+            best, near = _grid_joins(centre, rank, whole, rows, cols, radius)
         parent[rows] = torch.where(torch.isfinite(best), near, rows)
     # follow the joins to their end: each step goes to a larger track, so there are no cycles
     for _ in range(max(1, (a - 1).bit_length())):
