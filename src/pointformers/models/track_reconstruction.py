@@ -464,8 +464,8 @@ def merge_tracks(labels: torch.Tensor, embedding: torch.Tensor, num_tracks: Opti
     (export), fixed shapes throughout (``(B, num_tracks)`` sizes and centres, a ``(B, num_tracks, num_tracks)``
     distance table); eager, the same joins from each event's tracks that have hits alone, each joining track
     compared with the whole tracks near it (:func:`_grid_joins`: a full event's sectors give tens of thousands of
-    possible labels and thousands of tracks), its distances computed as differences (a near tie or a distance
-    within float32 rounding of ``radius`` may go the other way than in the table's expanded product).
+    possible labels and thousands of tracks), its distances computed as differences or in float64 (a near tie or
+    a distance within float32 rounding of ``radius`` may go the other way than in the table's float32 product).
 
     Args:
         labels: ``(B, N)`` or ``(N,)`` int64 track labels in ``[0, num_tracks)``, −1 = no track (never changed).
@@ -545,13 +545,18 @@ MERGE_CELL_TRACKS = 4
 
 def _dense_joins(centre, rank, whole, rows, cols, radius):
     """Each row's join: the nearest column (a fragment row: any; a whole row: larger and within ``radius``), all
-    columns compared, in chunks of rows. Returns ``(best d², column)`` per row (``inf`` where none)."""
+    columns compared, in chunks of rows. Returns ``(best d², column)`` per row (``inf`` where none). The squared
+    distances are ‖a‖² + ‖b‖² − 2a·b in float64 (one matrix product per chunk; float64 keeps the cancellation of
+    float32 centres far below their own rounding)."""
     best = torch.full((rows.numel(),), float("inf"), device=centre.device)
     near = torch.zeros(rows.numel(), dtype=torch.long, device=centre.device)
-    step = max(1, MERGE_CHUNK_ELEMS // max(1, cols.numel() * centre.shape[1]))
+    step = max(1, MERGE_CHUNK_ELEMS // max(1, cols.numel()))
+    col_c = centre.index_select(0, cols).double()
+    col_sq = (col_c * col_c).sum(-1)
     for s in range(0, rows.numel(), step):
         r = rows[s:s + step]
-        d2 = (centre[r, None, :] - centre[None, cols, :]).square_().sum(-1)   # (c, W), as differences
+        row_c = centre.index_select(0, r).double()
+        d2 = ((row_c * row_c).sum(-1)[:, None] + col_sq[None] - 2.0 * row_c @ col_c.T).clamp_(min=0)   # (c, W)
         ok = ~whole[r, None] | ((rank[None, cols] > rank[r, None]) & (d2 < radius * radius))
         b, n = d2.masked_fill(~ok, float("inf")).min(1)
         best[s:s + step], near[s:s + step] = b, cols[n]
