@@ -96,7 +96,7 @@ def test_the_adjacency_reaches_the_output():
     """Same nodes, different edges -> different outputs (the structure is used, not a bag of nodes)."""
     x, ei, ea = _graph(30, 7)
     _, ei2, ea2 = _graph(30, 8)
-    for name, opts in (("sft-graph", {}), ("samsa-graph", {}), ("mlp-graph", {})):
+    for name, opts in (("sft-graph", {}), ("samsa-graph", {}), ("full-graph", {}), ("mlp-graph", {})):
         m = _build(name, k=8, **opts)
         with torch.no_grad():
             assert not torch.allclose(m(x, ei, ea), m(x, ei2, ea2), atol=1e-4), name
