@@ -435,7 +435,7 @@ def _model_and_radius(args: argparse.Namespace):
         source = "the median hits of the run's validation clouds per sector"
     print(f"{tm.label} on the TrackML events in {args.data} (one event at a time, pixel hits) on {tm.device}")
     print(f"end-to-end tracks: assignment threshold {tm.model.threshold:.4g}, merging radius "
-          f"{tm.model.merge_radius:.4g}, hit gate {getattr(tm.model, 'hit_threshold', 0.0):.4g} (the checkpoint's); "
+          f"{tm.model.merge_radius:.4g}, hit gate {tm.model.hit_threshold:.4g} (the checkpoint's); "
           f"phi-sectors of at most {tm.model.sector_hits} hits "
           f"({source})")
     return tm, None, source
@@ -459,7 +459,7 @@ def cmd_evaluate_data(args: argparse.Namespace) -> int:
                               match_eta_max=args.match_eta_max)
     if args.json:
         tracks = ({"threshold": tm.model.threshold, "merge_radius": tm.model.merge_radius,
-                   "hit_threshold": getattr(tm.model, "hit_threshold", 0.0), "sector_hits": tm.model.sector_hits, "sector_hits_source": source} if tm.end_to_end else
+                   "hit_threshold": tm.model.hit_threshold, "sector_hits": tm.model.sector_hits, "sector_hits_source": source} if tm.end_to_end else
                   {"dbscan_eps": eps, "dbscan_min_samples": DBSCAN_MIN_SAMPLES, "eps_source": source})
         _write_json_file(args.json, {"checkpoint": str(args.checkpoint), "model": tm.label, "data": str(args.data),
                                      "detectors": args.detectors, **tracks, "pt_min": tm.pt_min, "K": tm.K, **res})

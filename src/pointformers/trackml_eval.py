@@ -498,7 +498,7 @@ def predict_folder(tm: TrackingModel, folder: str | os.PathLike, out: str | os.P
     paths."""
     if tm.end_to_end:
         settings = {"threshold": np.float64(tm.model.threshold), "merge_radius": np.float64(tm.model.merge_radius),
-                    "hit_threshold": np.float64(getattr(tm.model, "hit_threshold", 0.0)),
+                    "hit_threshold": np.float64(tm.model.hit_threshold),
                     "sector_hits": np.int64(tm.model.sector_hits)}
     else:
         settings = {"dbscan_eps": np.float64(eps)}

@@ -244,8 +244,7 @@ class TrackReconstructor(nn.Module):
             return self.track_labels(x, coords, mask, batch=batch, ptr=ptr)
         if outputs:
             return self._outputs(x, coords, mask)
-        labels, embedding, k = self._assigned(x, coords, mask)
-        return self.merge(labels, embedding, sectors=k)
+        return self.labels_and_embedding(x, coords, mask)[0]
 
     def _encoded(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor]):
         """The encoder's side of the forward: ``(h (B, N, dim), embedding (B, N, embed_dim), sectors, the
@@ -373,8 +372,7 @@ class TrackReconstructor(nn.Module):
     def track_labels(self, x: torch.Tensor, coords: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Inference: ``(B, N)`` int64 track label of every hit, unique within an event, −1 for none (the
         forward's default output); flat input with ``batch=``/``ptr=`` as the forward."""
-        labels, embedding, k = self._assigned(x, coords, mask)
-        return self.merge(labels, embedding, sectors=k)
+        return self.labels_and_embedding(x, coords, mask)[0]
 
     def labels_and_embedding(self, x: torch.Tensor, coords: torch.Tensor,
                              mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -256,7 +256,7 @@ class TrackReconstructionTask:
     def _gates(self, model: nn.Module, hit_thresholds: Sequence[float] | None) -> tuple[float, ...]:
         if hit_thresholds is not None:
             return tuple(float(g) for g in hit_thresholds)
-        return HIT_GATE_GRID if self.hit_pt_min > self.pt_min else (float(getattr(model, "hit_threshold", 0.0)),)
+        return HIT_GATE_GRID if self.hit_pt_min > self.pt_min else (model.hit_threshold,)
 
     def _choose(self, model: nn.Module, clouds: list, thresholds: Sequence[float], radii: Sequence[float],
                 hit_thresholds: Sequence[float] | None = None) -> tuple[AssignmentChoice, list]:
@@ -314,7 +314,7 @@ class TrackReconstructionTask:
             if k in options:
                 setattr(model, k, float(options[k]))
         if options.keys() & set(_VALIDATED):
-            self.fixed = (model.threshold, model.merge_radius, float(getattr(model, "hit_threshold", 0.0)))
+            self.fixed = (model.threshold, model.merge_radius, model.hit_threshold)
 
     def evaluate_report(self, model: nn.Module, val_clouds: Sequence[TrackingCloud],
                         test_clouds: Sequence[TrackingCloud]) -> dict[str, float]:
