@@ -49,7 +49,7 @@ def test_hand_built_residues():
     assert m.nodes[0].tolist() == [6, 0, 2, 5, 1, 0, 2, 0, 1]  # N-terminal proline N: 1 H, sp3, in ring
     k_nz = m.nodes[(m.nodes[:, 0] == 6) & (m.nodes[:, 3] == 6)]
     assert k_nz.tolist() == [[6, 0, 1, 6, 3, 0, 2, 0, 0]]  # lysine's NH3+
-    assert m.nodes[:, 7].sum() == 9 and (P.struct_targets(m, standardise=False)[5] == 3)  # indole; 3 rings
+    assert m.nodes[:, 7].sum() == 9 and m.nodes[:, 8].sum() == 5 + 9  # proline's ring, indole's two
     assert m.nodes[m.c_term, 0] == 5 and m.nodes[-1].tolist() == [7, 0, 1, 5, 1, 0, 1, 0, 0]  # C-terminal OH
 
 
@@ -82,13 +82,40 @@ def test_count_and_end_labels_and_structural_targets():
     assert _label("AGGGV", "ends_match") == 1 and _label("AGGGK", "ends_match") == 0
     assert _label("KKD", "cationic") == 1 and _label("KDD", "cationic") == 0
     assert _label("AVLGG", "aliphatic_rich") == 1 and _label("AGGGG", "aliphatic_rich") == 0
-    ta = P.struct_targets(P.build_peptide("GWAAAAAAG"), standardise=False)
-    tb = P.struct_targets(P.build_peptide("GAAAAAAWG"), standardise=False)
-    i = P.STRUCT_TARGETS.index("centre_offset")
-    assert ta[i] < 0 < tb[i]  # the heavy residue pulls the centre towards its end
-    ts = P.struct_targets(P.build_peptide("CAAAAC"), standardise=False)
-    assert ts[P.STRUCT_TARGETS.index("sulfur_span")] == 2 + 5 * 3 + 2  # SG-CB-CA, (C-N-CA) x 5, CA-CB-SG
-    assert ts[P.STRUCT_TARGETS.index("diameter")] >= ts[P.STRUCT_TARGETS.index("end_to_end")]
+
+
+def _target(seq, name):
+    return P.struct_targets(P.build_peptide(seq), standardise=False)[P.STRUCT_TARGETS.index(name)]
+
+
+@pytest.mark.parametrize("a, b, name", [
+    ("GWAAAAAAG", "GAAAAAAWG", "ring_position"),      # the ring near the N- or the C-terminus
+    ("GWAAAAAAG", "GAAAAAAWG", "centre_offset"),      # the heavy residue pulls the centre towards its end
+    ("GKAAAAAAG", "GAAAAAAKG", "charge_position"),
+    ("GKAAAAAAG", "GAAAAAAKG", "hetero_position"),    # lysine's side-chain N
+    ("GCAAAAAAG", "GAAAAAACG", "sulfur_position"),
+    ("GVAAAAAAG", "GAAAAAAVG", "branch_position"),    # valine's branched CB
+    ("GKAAAAADG", "GDAAAAAKG", "charge_dipole"),      # + then - along the chain, or - then +
+])
+def test_structural_targets_depend_on_arrangement(a, b, name):
+    assert _same_bag(a, b)
+    assert _target(a, name) < _target(b, name), name  # the N-terminal placement lies nearer -1
+
+
+def test_structural_target_values():
+    length = 6 * 2 + 5  # N-CA-C per residue, 5 peptide bonds
+    assert _target("CAAAAC", "sulfur_span") == pytest.approx((2 + 5 * 3 + 2) / length)  # SG-CB-CA, (C-N-CA) x 5, CA-CB-SG
+    assert _target("CAAAAA", "sulfur_span") == 0 and _target("AAAAAA", "ring_position") == 0
+    # rings of two residues far apart span more of the chain than of neighbours
+    assert _target("FAAAAAAF", "ring_spread") > _target("AAAFFAAA", "ring_spread") > 0
+    # a long side chain at an end reaches past it; glycine ends add nothing beyond the carbonyl O / OH
+    assert _target("KAAAAG", "end_overhang") > _target("GAAAAG", "end_overhang") >= 0
+    assert _target("FAAA", "aromatic_fraction") == _target("AAAF", "aromatic_fraction") > 0
+    for seq in ("GWAAKAAAC", "KDEFHWY", "CMPSWKKD"):
+        t = P.struct_targets(P.build_peptide(seq), standardise=False)
+        pos = [P.STRUCT_TARGETS.index(n) for n in P.STRUCT_TARGETS if n.endswith("_position")] + [
+            P.STRUCT_TARGETS.index("centre_offset")]
+        assert (np.abs(t[pos]) <= 1).all() and np.isfinite(t).all()
 
 
 def test_cache_round_trip(tmp_path, monkeypatch):
