@@ -47,6 +47,26 @@ def test_order_matters_except_for_the_bag_of_tokens_baseline(name):
         assert not torch.allclose(a, b, atol=1e-6)
 
 
+def test_sinusoidal_positions_are_fixed_and_make_order_matter():
+    none, sin = _model("full-seq", positional="none"), _model("full-seq", positional="sinusoidal", dim=32)
+    none32 = _model("full-seq", positional="none", dim=32)
+    assert set(sin.state_dict()) == set(none32.state_dict())      # no parameter, nothing new in checkpoints
+    i, j = 7, 5    # Vaswani et al.: PE[i, 2j] = sin(i / 10000^(2j/d)), PE[i, 2j + 1] = cos(...)
+    assert sin.pos_table[i, 2 * j].item() == pytest.approx(torch.sin(torch.tensor(i / 10000 ** (2 * j / 32))).item())
+    assert sin.pos_table[i, 2 * j + 1].item() == pytest.approx(torch.cos(torch.tensor(i / 10000 ** (2 * j / 32))).item())
+    g = torch.Generator().manual_seed(3)
+    t = torch.randint(0, VOCAB, (1, 25), generator=g)
+    perm = torch.randperm(25, generator=g)
+    with torch.no_grad():
+        assert not torch.allclose(sin(t), sin(t[:, perm]), atol=1e-6)
+        assert torch.allclose(none(t), none(t[:, perm]), atol=1e-9)   # full attention alone sees a set
+        tokens = torch.cat([t, torch.full((1, 5), -1)], 1)
+        mask = torch.cat([torch.ones(1, 25, dtype=torch.bool), torch.zeros(1, 5, dtype=torch.bool)], 1)
+        assert torch.allclose(sin(tokens, mask), sin(t), atol=1e-9)
+    with pytest.raises(ValueError, match="sinusoidal"):
+        build("full-seq", positional="rotary")
+
+
 @pytest.mark.parametrize("name", SEQ)
 def test_gradients_reach_every_parameter(name):
     N = 40   # a position table of exactly N rows, so that every row is reached

@@ -29,6 +29,7 @@ from torch import nn
 
 from ..attention import build as build_attention, entry as attention_entry
 from ..attention.samsa import SAMSAAttention, SAMSABlock
+from ..attention.sft import sinusoid_1d
 from ..data.batch import accepts_flat_batch, accepts_flat_inputs
 from ..nn import RMSNorm
 from ..nn.model_inputs import check_point_inputs, check_token_inputs
@@ -164,8 +165,11 @@ class SAMSASequenceClassifier(nn.Module):
 
     Args:
         vocab_size: symbols (one-hot inputs ≡ ``nn.Embedding``); num_classes: C (ListOps 10).
-        max_len: longest sequence (learned absolute position embedding; ListOps 2,048).
-        positional: ``"learned"`` (default) or ``"none"``.
+        max_len: longest sequence (ListOps 2,048).
+        positional: ``"learned"`` (default: a learned absolute position embedding), ``"sinusoidal"``
+            (the fixed 1-D sinusoids of Vaswani et al., no parameters: an offset of Δ tokens is the
+            same rotation at every position, so a 2-D image's vertical neighbours, a row apart, are
+            reachable from the start of training) or ``"none"``.
         **backbone_options: :class:`SAMSABackbone`.
     Tokens at padded positions are ignored (any value). Head: masked mean → Linear → GELU → Linear.
     """
@@ -173,13 +177,21 @@ class SAMSASequenceClassifier(nn.Module):
     def __init__(self, vocab_size: int = 20, num_classes: int = 10, max_len: int = 2048, positional: str = "learned",
                  **backbone_options):
         super().__init__()
-        if positional not in ("learned", "none"):
-            raise ValueError(f"positional must be 'learned' or 'none', got {positional!r}")
+        if positional not in ("learned", "sinusoidal", "none"):
+            raise ValueError(f"positional must be 'learned', 'sinusoidal' or 'none', got {positional!r}")
         self.vocab_size, self.max_len = vocab_size, max_len
         self.backbone = SAMSABackbone(**backbone_options)
         D = self.backbone.final_norm.weight.shape[0]
         self.embed = nn.Embedding(vocab_size, D)
         self.pos_embed = nn.Embedding(max_len, D) if positional == "learned" else None
+        if positional == "sinusoidal":
+            if D % 2:
+                raise ValueError(f"positional 'sinusoidal' needs an even width, got dim {D}")
+            # a buffer, not saved: rebuilt from max_len and the width, so checkpoints stay as they were
+            self.register_buffer("pos_table", sinusoid_1d(torch.arange(max_len, dtype=torch.float32), D, "standard"),
+                                 persistent=False)
+        else:
+            self.pos_table = None
         self.head = nn.Sequential(nn.Linear(D, D), nn.GELU(), nn.Linear(D, num_classes))
 
     @accepts_flat_inputs(1)
@@ -189,6 +201,8 @@ class SAMSASequenceClassifier(nn.Module):
         h = self.embed(tokens)
         if self.pos_embed is not None:
             h = h + self.pos_embed.weight[: tokens.shape[1]]
+        elif self.pos_table is not None:
+            h = h + self.pos_table[: tokens.shape[1]].to(h.dtype)
         h = self.backbone(h.masked_fill(~mask.unsqueeze(-1), 0.0), mask)
         return self.head(masked_mean(h, mask))
 
