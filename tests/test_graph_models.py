@@ -67,7 +67,7 @@ def _permuted(x, ei, ea, perm):
 
 @pytest.mark.parametrize("name,opts", [("sft-graph", {}), ("sft-graph", {"rwpe_steps": 8}),
                                        ("samsa-graph", {"pe_dim": 0}), ("full-graph", {"pe_dim": 0}),
-                                       ("full-graph", {"pe_dim": 8}), ("full-graph", {"pe_dim": 8, "pe_scale": "nodes"}),
+                                       ("full-graph", {"pe_dim": 8}),
                                        ("mlp-graph", {"pe_dim": 0})])
 def test_permutation_equivariance(name, opts):
     """Renaming the nodes permutes node outputs and leaves graph outputs unchanged (SFT's graph RPE:
@@ -201,15 +201,6 @@ def test_laplacian_pe_eigenvectors():
         np.testing.assert_allclose(v.T @ v, np.eye(v.shape[1]), atol=1e-8)        # orthonormal
         np.testing.assert_allclose(lap @ v, v * vals[: v.shape[1]], atol=1e-8)    # the smallest eigenpairs
     assert pe[1, 5:].abs().sum() == 0 and pe[1, :, 5:].abs().sum() == 0       # padding rows / missing columns
-    # scale="nodes": the same columns times sqrt(n), mean square entry 1 on both graphs
-    big = laplacian_pe(adj, mask, 8, scale="nodes")
-    torch.testing.assert_close(big[0], pe[0] * 12 ** 0.5)
-    torch.testing.assert_close(big[1], pe[1] * 5 ** 0.5)
-    assert (big[0] ** 2).mean(0).sub(1).abs().max() < 1e-9
-    with pytest.raises(ValueError, match="scale"):
-        laplacian_pe(adj, mask, 8, scale="sqrt")
-    with pytest.raises(ValueError, match="pe_scale"):
-        models.build("samsa-graph", pe_scale="sqrt")
 
 
 def test_dense_edges_and_categorical_encoders():

@@ -186,9 +186,6 @@ class TokenGraphModel(_GraphInputs):
             :class:`SFTGraphModel` (edge codes through their own :class:`CategoricalEncoder`).
         dim, depth, heads, k, mode: the :class:`~.samsa_models.SAMSABackbone` options.
         pe_dim: Laplacian eigenvectors per node (TokenGT's d_p; 0: no structural encoding).
-        pe_scale: ``"unit"`` (the eigenvectors as they come, unit norm: entries shrink as 1/√N on
-            larger graphs, TokenGT's) or ``"nodes"`` (times √N, the graph's node count: entries of
-            order 1 whatever the graph's size, so that a chain of 150 atoms is as visible as one of 20).
         attention: the backbone's mechanism (``"samsa"``, ``"full"``, ``"performer"``, ...), or None
             for the attention-free baseline (feed-forward layers only).
         attention_options: extra options of the mechanism.
@@ -199,13 +196,10 @@ class TokenGraphModel(_GraphInputs):
     def __init__(self, out_dim: int = 10, level: str = "graph", node_features: int = 9, edge_features: int = 3,
                  categorical: bool = True, node_classes: int = 17, edge_classes: int = 6, dim: int = 64,
                  depth: int = 2, heads: int = 4, k: int = 32, mode: str = "hard", pe_dim: int = 16,
-                 attention: str | None = "samsa", attention_options: dict | None = None, pe_scale: str = "unit"):
+                 attention: str | None = "samsa", attention_options: dict | None = None):
         super().__init__()
         self._setup(out_dim, level, node_features, edge_features, categorical, node_classes, edge_classes, dim)
         self.pe_dim = _check_int("pe_dim", pe_dim, 0)
-        if pe_scale not in ("unit", "nodes"):
-            raise ValueError(f"pe_scale: expected 'unit' or 'nodes' (laplacian_pe's scale), got {pe_scale!r}")
-        self.pe_scale = pe_scale
         if edge_features:
             self.edge_encoder = (CategoricalEncoder(edge_features, dim, edge_classes) if categorical
                                  else nn.Linear(edge_features, dim))
@@ -244,7 +238,7 @@ class TokenGraphModel(_GraphInputs):
         if self.edge_encoder is not None:
             edges = edges + self.edge_encoder(edge_attr[cols])
         if self.pe is not None:
-            p = layout.unpad(laplacian_pe(adj, layout.mask(), self.pe_dim, self.pe_scale)).to(nodes.dtype)
+            p = layout.unpad(laplacian_pe(adj, layout.mask(), self.pe_dim)).to(nodes.dtype)
             if self.training:   # eigenvector signs are arbitrary: randomise them per graph and column
                 sign = torch.randint(0, 2, (B, self.pe_dim), device=p.device).to(p.dtype) * 2 - 1
                 p = p * sign[layout.cloud]

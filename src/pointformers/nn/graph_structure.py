@@ -77,13 +77,11 @@ def random_walk_pe(adj: torch.Tensor, steps: int) -> torch.Tensor:
     return torch.stack(out, -1)
 
 
-def laplacian_pe(adj: torch.Tensor, mask: torch.Tensor, k: int, scale: str = "unit") -> torch.Tensor:
+def laplacian_pe(adj: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tensor:
     """Laplacian eigenvector encoding: the eigenvectors of the ``k`` smallest eigenvalues of each
     graph's symmetric normalised Laplacian L = I − D^-½ A D^-½ (the constant-like first one
     included), as TokenGT's and GraphGPS's LapPE. adj (B, N, N) symmetric, mask (B, N) real nodes
     -> (B, N, k); zero columns where a graph has fewer than k nodes, zero rows at padding.
-    ``scale``: ``"unit"`` (unit-norm columns, TokenGT's: entries shrink as 1/√n on a graph of n nodes)
-    or ``"nodes"`` (columns times √n: mean square entry 1 whatever the graph's size).
 
     Padded nodes get a diagonal of 3 (above L's largest eigenvalue, 2), so their eigenpairs sort
     after every real one and never mix into a real graph's columns. An eigenvector's sign is
@@ -94,8 +92,6 @@ def laplacian_pe(adj: torch.Tensor, mask: torch.Tensor, k: int, scale: str = "un
     """
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"k: expected an int >= 1, got {k!r}")
-    if scale not in ("unit", "nodes"):
-        raise ValueError(f"scale: expected 'unit' or 'nodes', got {scale!r}")
     B, N, _ = adj.shape
     work = adj.double() if adj.dtype != torch.float64 else adj   # eigh in float64: close eigenvalues
     real = mask.to(work.dtype)
@@ -115,8 +111,6 @@ def laplacian_pe(adj: torch.Tensor, mask: torch.Tensor, k: int, scale: str = "un
     top = vec.gather(1, first_top).squeeze(1)
     sign = torch.where(m3.abs() > 1e-9, m3.sign(), top.sign())
     vec = vec * torch.where(sign == 0, torch.ones_like(sign), sign)[:, None, :]
-    if scale == "nodes":
-        vec = vec * n.to(vec.dtype).sqrt()[:, None, None]
     if vec.shape[-1] < k:
         vec = torch.cat([vec, vec.new_zeros(B, N, k - vec.shape[-1])], -1)
     return vec.to(adj.dtype if adj.is_floating_point() else torch.float32)
