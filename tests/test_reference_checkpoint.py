@@ -218,8 +218,12 @@ def test_pinned_output_on_fixed_generated_event():
     with torch.no_grad():
         emb = from_reference_checkpoint(CKPT, dtype=torch.float64)(x, coords)
     got = pin_numbers(emb)
+    # The event's float32 hit positions pass through numpy's vectorised sin/cos/arctan2, whose last
+    # bit differs between numpy builds and CPUs; near-tie sort keys then move a few points between
+    # blocks. Measured: numpy 2.4.6 on an AMD EPYC moves these numbers by up to 3.4e-5 from the pin
+    # (written on another machine). A change of the forward itself moves them by 1e-2 or more.
     for key in ("mean", "std", "rows"):
-        torch.testing.assert_close(torch.tensor(got[key]), torch.tensor(pin[key]), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(torch.tensor(got[key]), torch.tensor(pin[key]), rtol=1e-4, atol=2e-4)
 
 
 if __name__ == "__main__":
