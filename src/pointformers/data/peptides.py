@@ -34,10 +34,11 @@ did not ask for mixing along the graph.
 
 What it cannot reproduce: biology (the real functions come from assays, not from rules) and 3-D
 geometry (no conformers: the "structure" here is graph distance, not space, and no target grows
-with the molecule), the real residue statistics (residues are drawn uniformly, no non-standard residues, cyclisations or disulfide bridges),
-the real node-count distribution (here uniform residue counts, the real one is skewed) and ring count
-(~7 rings per graph here, as 5 of the 15 residues carry rings, against ~3.6 in the real set). Atoms are
-numbered along the chain (N-terminus first), as SMILES of peptides usually are.
+with the molecule), the real residue statistics (residues are drawn uniformly, no non-standard
+residues, cyclisations or disulfide bridges), the real node-count distribution (here uniform
+residue counts, the real one is skewed) and ring count (~7 rings per graph here, as 5 of the 15
+residues carry rings, against ~3.6 in the real set). Atoms are numbered along the chain
+(N-terminus first), as SMILES of peptides usually are.
 """
 from __future__ import annotations
 
