@@ -89,32 +89,44 @@ def _target(seq, name):
 
 
 @pytest.mark.parametrize("a, b, name", [
-    ("GWAAAAAAG", "GAAAAAAWG", "ring_position"),      # the ring near the N- or the C-terminus
-    ("GWAAAAAAG", "GAAAAAAWG", "centre_offset"),      # the heavy residue pulls the centre towards its end
-    ("GKAAAAAAG", "GAAAAAAKG", "charge_position"),
-    ("GKAAAAAAG", "GAAAAAAKG", "hetero_position"),    # lysine's side-chain N
-    ("GCAAAAAAG", "GAAAAAACG", "sulfur_position"),
-    ("GVAAAAAAG", "GAAAAAAVG", "branch_position"),    # valine's branched CB
-    ("GKAAAAADG", "GDAAAAAKG", "charge_dipole"),      # + then - along the chain, or - then +
+    ("GWAAAAAAG", "GAAAAAAWG", "ring_from_n"),        # the ring near the N- or the C-terminus
+    ("GAAAAAAWG", "GWAAAAAAG", "ring_from_c"),
+    ("GKAAAAAAG", "GAAAAAAKG", "charge_from_n"),
+    ("GAAAAAAKG", "GKAAAAAAG", "charge_from_c"),
+    ("GCAAAAAAG", "GAAAAAACG", "sulfur_from_n"),
+    ("GAAAAAAFG", "GFAAAAAAG", "aromatic_from_c"),
 ])
 def test_structural_targets_depend_on_arrangement(a, b, name):
     assert _same_bag(a, b)
-    assert _target(a, name) < _target(b, name), name  # the N-terminal placement lies nearer -1
+    assert _target(a, name) < _target(b, name), name  # the atom sits nearer the terminus the target reads
+
+
+@pytest.mark.parametrize("a, b, name", [
+    ("SGAAAAAAG", "GAAAAAAGS", "hetero_near_n"),      # serine's O near the N- or the C-terminus
+    ("GAAAAAAGS", "SGAAAAAAG", "hetero_near_c"),
+    ("GAAAAAAGV", "VGAAAAAAG", "branch_near_c"),      # valine's branched CB
+    ("FGAAAAAAG", "GAAAAAAGF", "ring_near_n"),
+])
+def test_structural_counts_depend_on_arrangement(a, b, name):
+    assert _same_bag(a, b)
+    assert _target(a, name) > _target(b, name), name
 
 
 def test_structural_target_values():
-    length = 6 * 2 + 5  # N-CA-C per residue, 5 peptide bonds
-    assert _target("CAAAAC", "sulfur_span") == pytest.approx((2 + 5 * 3 + 2) / length)  # SG-CB-CA, (C-N-CA) x 5, CA-CB-SG
-    assert _target("CAAAAA", "sulfur_span") == 0 and _target("AAAAAA", "ring_position") == 0
-    # rings of two residues far apart span more of the chain than of neighbours
-    assert _target("FAAAAAAF", "ring_spread") > _target("AAAFFAAA", "ring_spread") > 0
-    # a long side chain at an end reaches past it; glycine ends add nothing beyond the carbonyl O / OH
-    assert _target("KAAAAG", "end_overhang") > _target("GAAAAG", "end_overhang") >= 0
+    # N-term N, CA, CB, SG: the sulfur of an N-terminal cysteine is 3 bonds away; the C-term carbon is
+    # the last residue's backbone C: CA-CB-SG of a C-terminal cysteine 1 + 2 bonds away
+    assert _target("CAAAAA", "sulfur_from_n") == 3 and _target("AAAAAC", "aromatic_from_c") == P.STRUCT_CAP
+    assert _target("AAAAAA", "ring_from_n") == P.STRUCT_CAP  # no ring: the cap
+    assert _target("W" + "G" * 30, "ring_from_c") == P.STRUCT_CAP  # a ring farther than the cap
+    # N-term N (1), its residue's O (d 3); the next residue's N (d 3) and O (d 6); ...: glycines only
+    n = P.build_peptide("G" * 10)
+    d = n.distances()[n.n_term]
+    hetero = np.isin(n.nodes[:, 0], (6, 7))
+    assert _target("G" * 10, "hetero_near_n") == (hetero & (d <= 10)).sum() > 3
     assert _target("FAAA", "aromatic_fraction") == _target("AAAF", "aromatic_fraction") > 0
-    pos = [i for i, n in enumerate(P.STRUCT_TARGETS) if n.endswith("_position") or n == "centre_offset"]
     for seq in ("GWAAKAAAC", "KDEFHWY", "CMPSWKKD"):
         t = P.struct_targets(P.build_peptide(seq), standardise=False)
-        assert (np.abs(t[pos]) <= 1).all() and np.isfinite(t).all()
+        assert np.isfinite(t).all() and (t[:6] <= P.STRUCT_CAP).all() and (t >= 0).all()
 
 
 def test_cache_round_trip(tmp_path, monkeypatch):
