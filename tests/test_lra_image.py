@@ -74,7 +74,7 @@ def test_lra_image_configs_validate_and_errors_name_the_key():
             spec.validate({**cfg, "data": {**cfg["data"], key: value}})
     with pytest.raises(ValueError, match="data.root"):
         spec.validate({**cfg, "data": {**cfg["data"], "format": "cifar10-bin"}})
-    short = {**cfg, "model": {**cfg["model"], "options": {**cfg["model"]["options"], "max_len": 512}}}
+    short = {**cfg, "model": {**cfg["model"], "options": {**cfg["model"]["options"], "max_len": 128}}}
     with pytest.raises(ValueError, match="model.options.max_len"):
         spec.validate(short)
 
