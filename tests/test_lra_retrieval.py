@@ -43,7 +43,7 @@ def test_aan_reader(tmp_path):
         rt.load_aan(tmp_path)
 
 
-def test_stand_in_pairs_match_by_topic_terms():
+def test_stand_in_pairs_match_by_topic_terms(monkeypatch):
     p = rt.PairParams(**rt.PRESETS["tiny"])
     a, b = rt.generate_pairs(p, seed=1), rt.generate_pairs(p, seed=1)
     assert a["train"][0] == b["train"][0] and np.array_equal(a["test"][2], b["test"][2])
@@ -64,6 +64,10 @@ def test_stand_in_pairs_match_by_topic_terms():
         rt.PairParams(topics=3)
     with pytest.raises(ValueError, match="length"):
         rt.PairParams(length=(100, 110), mentions=4)
+    # a paper that never fits is an error naming length after the drafts run out, not an endless redraw
+    monkeypatch.setattr(rt, "MAX_DRAFTS", 0)
+    with pytest.raises(ValueError, match=r"length: no paper of at most 300 bytes with 3 mentions"):
+        rt.generate_pairs("tiny")
 
 
 def test_dual_encoder_reads_both_documents_with_one_encoder():

@@ -55,6 +55,9 @@ def test_stand_in_labels_follow_the_scattered_cues_and_fit_the_length():
     assert np.mean(spans) > 300
     with pytest.raises(ValueError, match="cues"):
         bt.ReviewParams(cues=4)
+    # a maximum that cannot hold the cues is an error naming length, not an endless redraw
+    with pytest.raises(ValueError, match=r"length: no review of at most 256 bytes with 7 cues"):
+        bt.generate_reviews(dict(length=(200, 256), cues=7, words=50, sizes=(2, 1, 1)))
 
 
 def _imdb(root: Path) -> None:

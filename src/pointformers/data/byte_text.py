@@ -30,10 +30,12 @@ import numpy as np
 from .cache import cached_arrays, default_cache_dir
 
 __all__ = ["VOCAB_SIZE", "PAD", "SPLITS", "TextSet", "ReviewParams", "PRESETS", "resolve_params", "encode_bytes",
-           "generate_reviews", "load_generated_reviews", "load_imdb", "pseudo_words", "zipf_cdf", "filler_words"]
+           "generate_reviews", "load_generated_reviews", "load_imdb", "pseudo_words", "zipf_cdf", "filler_words", "MAX_DRAFTS"]
 
 PAD = 0
 VOCAB_SIZE = 257
+#: Drafts of one document a generator tries before it calls its ``length`` too short for its cues.
+MAX_DRAFTS = 1000
 SPLITS = ("train", "val", "test")
 GENERATOR_VERSION = 1
 
@@ -152,11 +154,15 @@ def filler_words(rng: np.random.Generator, filler: list[str], cdf: np.ndarray, t
 
 def _review(rng: np.random.Generator, filler: list[str], cdf: np.ndarray, p: ReviewParams) -> tuple[str, int]:
     """One review of at most ``p.length[1]`` bytes (drawn again, seeded, while longer), so a model
-    reading ``max_len >= length[1]`` bytes sees every cue."""
-    while True:
+    reading ``max_len >= length[1]`` bytes sees every cue. Parameters that leave no room for the cues
+    raise (naming ``length``) after :data:`MAX_DRAFTS` drafts instead of drawing forever."""
+    for _ in range(MAX_DRAFTS):
         text, label = _review_draft(rng, filler, cdf, p)
         if len(text.encode("utf-8")) <= p.length[1]:
             return text, label
+    raise ValueError(f"length: no review of at most {p.length[1]} bytes with {p.cues} cues came out of {MAX_DRAFTS} "
+                     f"drafts (the filler alone aims at {p.length[0]} bytes or more); raise length[1] to about "
+                     f"{p.length[0] + 16 * p.cues + 100} or lower length[0] or cues, got length={p.length!r}")
 
 
 def _review_draft(rng: np.random.Generator, filler: list[str], cdf: np.ndarray, p: ReviewParams) -> tuple[str, int]:
