@@ -260,9 +260,9 @@ FUNC_RATES = {"cationic": 0.171, "aliphatic_rich": 0.287, "ends_match": 0.258, "
 #: from one terminus or the other: where the nearest atom of a kind lies (capped at :data:`STRUCT_CAP`
 #: bonds, the cap also where the graph has no such atom) or how many atoms of a kind lie near it. A
 #: pooled bag of node features sees neither the termini nor the distances; Laplacian identifiers tell a
-#: node how near *an* end it is but not which one (their sign is arbitrary), so reading them asks a node
-#: to compare itself with the terminus: mixing along the graph. No target grows with the chain's length
-#: beyond the cap; the last is a composition control that a bag can read.
+#: node how near *an* end it is but not which one (their signs are randomised in training), so reading
+#: them asks a node to compare itself with the terminus: mixing along the graph. No target grows with
+#: the chain's length beyond the cap; the last is a composition control that a bag can read.
 STRUCT_TARGETS = (
     "ring_from_n",         # d(N-term, nearest ring atom)
     "ring_from_c",         # d(C-term, nearest ring atom)
