@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pointformers import models
+from pointformers.data import byte_text as bt
 from pointformers.data import retrieval as rt
 from pointformers.engine.config import load_config
 from pointformers.tasks.registry import get_task
@@ -65,7 +66,7 @@ def test_stand_in_pairs_match_by_topic_terms(monkeypatch):
     with pytest.raises(ValueError, match="length"):
         rt.PairParams(length=(100, 110), mentions=4)
     # a paper that never fits is an error naming length after the drafts run out, not an endless redraw
-    monkeypatch.setattr(rt, "MAX_DRAFTS", 0)
+    monkeypatch.setattr(bt, "MAX_DRAFTS", 0)
     with pytest.raises(ValueError, match=r"length: no paper of at most 300 bytes with 3 mentions"):
         rt.generate_pairs("tiny")
 

@@ -23,14 +23,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from .cache import cached_arrays, default_cache_dir
 
 __all__ = ["VOCAB_SIZE", "PAD", "SPLITS", "TextSet", "ReviewParams", "PRESETS", "resolve_params", "encode_bytes",
-           "generate_reviews", "load_generated_reviews", "load_imdb", "pseudo_words", "zipf_cdf", "filler_words", "MAX_DRAFTS"]
+           "generate_reviews", "load_generated_reviews", "load_imdb", "pseudo_words", "zipf_cdf", "filler_words", "MAX_DRAFTS", "fitting_draft"]
 
 PAD = 0
 VOCAB_SIZE = 257
@@ -152,17 +152,25 @@ def filler_words(rng: np.random.Generator, filler: list[str], cdf: np.ndarray, t
     return words
 
 
+def fitting_draft(draft: Callable[[], tuple[str, Any]], max_bytes: int, kind: str, detail: str,
+                  hint: str) -> tuple[str, Any]:
+    """The first of up to :data:`MAX_DRAFTS` calls of ``draft`` (seeded, so the same draws every time)
+    whose text (the first item it returns) is at most ``max_bytes`` UTF-8 bytes long; where none is, a
+    ValueError naming ``length`` (``kind`` of document, ``detail`` of its draft, ``hint`` the remedy) instead
+    of drawing forever."""
+    for _ in range(MAX_DRAFTS):
+        out = draft()
+        if len(out[0].encode("utf-8")) <= max_bytes:
+            return out
+    raise ValueError(f"length: no {kind} of at most {max_bytes} bytes {detail} came out of {MAX_DRAFTS} drafts{hint}")
+
+
 def _review(rng: np.random.Generator, filler: list[str], cdf: np.ndarray, p: ReviewParams) -> tuple[str, int]:
     """One review of at most ``p.length[1]`` bytes (drawn again, seeded, while longer), so a model
-    reading ``max_len >= length[1]`` bytes sees every cue. Parameters that leave no room for the cues
-    raise (naming ``length``) after :data:`MAX_DRAFTS` drafts instead of drawing forever."""
-    for _ in range(MAX_DRAFTS):
-        text, label = _review_draft(rng, filler, cdf, p)
-        if len(text.encode("utf-8")) <= p.length[1]:
-            return text, label
-    raise ValueError(f"length: no review of at most {p.length[1]} bytes with {p.cues} cues came out of {MAX_DRAFTS} "
-                     f"drafts (the filler alone aims at {p.length[0]} bytes or more); raise length[1] to about "
-                     f"{p.length[0] + 16 * p.cues + 100} or lower length[0] or cues, got length={p.length!r}")
+    reading ``max_len >= length[1]`` bytes sees every cue."""
+    return fitting_draft(lambda: _review_draft(rng, filler, cdf, p), p.length[1], "review", f"with {p.cues} cues",
+                         f" (the filler alone aims at {p.length[0]} bytes or more); raise length[1] to about "
+                         f"{p.length[0] + 16 * p.cues + 100} or lower length[0] or cues, got length={p.length!r}")
 
 
 def _review_draft(rng: np.random.Generator, filler: list[str], cdf: np.ndarray, p: ReviewParams) -> tuple[str, int]:

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .byte_text import MAX_DRAFTS, encode_bytes, filler_words, pseudo_words, zipf_cdf
+from .byte_text import encode_bytes, filler_words, fitting_draft, pseudo_words, zipf_cdf
 from .cache import cached_arrays, default_cache_dir
 
 __all__ = ["PairSet", "PairParams", "PRESETS", "SPLITS", "generate_pairs", "load_generated_pairs", "read_aan_tsv",
@@ -128,16 +128,15 @@ def _resolve(p: str | PairParams | Mapping[str, Any]) -> PairParams:
 
 def _paper(rng: np.random.Generator, filler: list[str], cdf: np.ndarray, terms: list[str], p: PairParams) -> str:
     """One paper of at most ``p.length[1]`` bytes with ``p.mentions`` of its topic's ``terms``."""
-    for _ in range(MAX_DRAFTS):
+    def draft() -> tuple[str, None]:
         words = filler_words(rng, filler, cdf, int(rng.integers(p.length[0], p.length[1] - 16 * p.mentions + 1)))
         slots = np.sort(rng.choice(np.arange(1, len(words)), size=min(p.mentions, len(words) - 1), replace=False))
         for s in slots[::-1]:
             words.insert(int(s), terms[int(rng.integers(len(terms)))])
-        text = " ".join(words)
-        if len(text.encode("utf-8")) <= p.length[1]:
-            return text
-    raise ValueError(f"length: no paper of at most {p.length[1]} bytes with {p.mentions} mentions came out of "
-                     f"{MAX_DRAFTS} drafts; raise length[1] or lower length[0] or mentions, got length={p.length!r}")
+        return " ".join(words), None
+
+    return fitting_draft(draft, p.length[1], "paper", f"with {p.mentions} mentions",
+                         f"; raise length[1] or lower length[0] or mentions, got length={p.length!r}")[0]
 
 
 def generate_pairs(params: str | PairParams | Mapping[str, Any], seed: int = 0
