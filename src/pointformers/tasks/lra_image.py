@@ -19,6 +19,8 @@ length (1,024) and its structure (a 2-D image flattened row by row, so verticall
 32 tokens apart and no token alone tells the class); it has 10 classes of clean, centred strokes and
 17 grey levels instead of CIFAR-10's natural photographs (256 levels, cluttered backgrounds), and
 1,797 images instead of 60,000: much easier, a test of whether a mechanism mixes the sequence at all.
+The ``lra-image-*`` configs use ``upscale: 2`` (16 × 16 = 256 tokens, vertical neighbours 16 apart): at
+1,024 tokens their CPU budget trained no model (docs/results.md, issue 23).
 
 Model: ``model(tokens (B, L) int64, mask (B, L) bool) -> logits (B, C)`` (any sequence classifier:
 ``samsa-seq``, ``full-seq``, ``mlp-seq``, …). Loss: cross-entropy. Metric: ``accuracy``, with ``loss``.
