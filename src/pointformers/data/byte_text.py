@@ -30,7 +30,8 @@ import numpy as np
 from .cache import cached_arrays, default_cache_dir
 
 __all__ = ["VOCAB_SIZE", "PAD", "SPLITS", "TextSet", "ReviewParams", "PRESETS", "resolve_params", "encode_bytes",
-           "generate_reviews", "load_generated_reviews", "load_imdb", "pseudo_words", "zipf_cdf", "filler_words", "MAX_DRAFTS", "fitting_draft"]
+           "generate_reviews", "load_generated_reviews", "load_imdb", "pseudo_words", "zipf_cdf", "filler_words",
+           "MAX_DRAFTS", "fitting_draft"]
 
 PAD = 0
 VOCAB_SIZE = 257
